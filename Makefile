@@ -1,0 +1,44 @@
+# finetune-operator — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+VENV ?= $(ROOT)/.venv
+PY := $(VENV)/bin/python
+UV_VERSION := 0.13.8
+# uv honours the host CA bundle (TLS-intercepting proxies) with --native-tls.
+UV := $(VENV)/../.cache/uv-bin/uv
+export UV_NATIVE_TLS := 1
+export UV_CACHE_DIR ?= $(HOME)/.cache/uv
+
+.PHONY: help setup lint typecheck test test-unit clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | sort -u | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
+
+$(UV):
+	python3 -m pip install -q --target $(ROOT)/.cache/uv-pkg uv==$(UV_VERSION)
+	mkdir -p $(dir $(UV)) && ln -sf $(ROOT)/.cache/uv-pkg/bin/uv $(UV)
+
+$(VENV)/.stamp: $(UV) operator/pyproject.toml runtime/pyproject.toml $(wildcard requirements/*.txt)
+	[ -x $(PY) ] || $(UV) venv --python 3.11 $(VENV)
+	VIRTUAL_ENV=$(VENV) $(UV) pip install -e operator -e runtime $(addprefix -r ,$(wildcard requirements/*.txt))
+	touch $@
+
+setup: $(VENV)/.stamp ## Create .venv with both packages (editable), test and lint tools
+
+lint: setup ## ruff on all Python code
+	$(VENV)/bin/ruff check operator runtime tests tools
+
+typecheck: setup ## mypy --strict on the operator package
+	$(VENV)/bin/mypy --strict operator/finetune_operator
+
+test-unit: setup ## Unit tests: builders, profiles, validation, reconcile (no cluster)
+	$(PY) -m pytest -q tests/unit
+
+clean: ## Remove build outputs (keeps the venv and caches)
+	rm -rf _out .pytest_cache .mypy_cache .ruff_cache
+
+-include $(sort $(wildcard mk/*.mk))
+
+# Each mk/<area>.mk appends its tier to TEST_TIERS; prerequisites expand here, after the includes.
+test: lint typecheck test-unit $(TEST_TIERS) ## Every test tier this machine can run
