@@ -1,0 +1,348 @@
+"""`helm lint` and `helm template` of the chart, with assertions on what comes out."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+from chartlib import CHART, NAMESPACE, RELEASE, Manifest, Renderer, Values, find, identities, one
+
+# What the operator does through the API, per (apiGroup, resource): the brief for the RBAC, verb for verb.
+NAMESPACED_VERBS: dict[tuple[str, str], set[str]] = {
+    ("finetune.dev", "finetunejobs"): {"get", "list", "watch", "patch"},
+    ("finetune.dev", "finetunejobs/status"): {"get", "patch", "update"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete"},
+    ("", "pods/log"): {"get"},
+    ("", "services"): {"get", "list", "watch", "create", "delete"},
+    ("", "configmaps"): {"get", "list", "watch", "create", "delete"},
+    ("", "secrets"): {"get", "list", "watch", "create", "delete"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+CRD_READ: dict[tuple[str, str], set[str]] = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+}
+NAMESPACES_WATCH: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
+PROFILES = ("trn1", "trn2", "xeon-amx", "cpu", "nvidia")
+
+
+def verbs_of(role: Manifest) -> dict[tuple[str, str], set[str]]:
+    """Flattens a role's rules; fails on wildcards or resourceNames, which the chart must never use."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule, rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def operator_deployment(objs: list[Manifest]) -> Manifest:
+    return one(objs, "Deployment", RELEASE, NAMESPACE)
+
+
+def operator_config(objs: list[Manifest]) -> Any:
+    cm = one(objs, "ConfigMap", f"{RELEASE}-config", NAMESPACE)
+    return yaml.safe_load(cm["data"]["config.yaml"])
+
+
+def bound_subjects(binding: Manifest) -> list[tuple[str, str, str]]:
+    return [(s["kind"], s["name"], s["namespace"]) for s in binding["subjects"]]
+
+
+def test_helm_lint_default_and_all_features(helm: str, tmp_path: Any) -> None:
+    values = tmp_path / "all.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            Values().namespaced("team-a", "team-b").cache_pvc().service_monitor().network_policy().data
+        )
+    )
+    for extra in ([], ["-f", str(values)]):
+        out = subprocess.run(
+            [helm, "lint", "--strict", str(CHART), *extra], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "0 chart(s) failed" in out.stdout
+
+
+def test_default_render_has_exactly_the_operator_objects(render: Renderer) -> None:
+    objs = render()
+    assert identities(objs) == [
+        ("ClusterRole", "", "finetune-operator"),
+        ("ClusterRole", "", "finetune-operator-cluster"),
+        ("ClusterRoleBinding", "", "finetune-operator"),
+        ("ClusterRoleBinding", "", "finetune-operator-cluster"),
+        ("ConfigMap", NAMESPACE, "finetune-operator-config"),
+        ("Deployment", NAMESPACE, "finetune-operator"),
+        ("Service", NAMESPACE, "finetune-operator-metrics"),
+        ("ServiceAccount", NAMESPACE, "finetune-operator"),
+    ]
+
+
+def test_deployment_meets_restricted_pod_security(render: Renderer) -> None:
+    dep = operator_deployment(render())
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    # Restricted allows only these volume types; a hostPath would break it.
+    allowed = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+               "projected", "secret"}  # fmt: skip
+    for volume in pod["volumes"]:
+        assert set(volume) - {"name"} <= allowed, volume
+    for container in pod["containers"] + pod.get("initContainers", []):
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc.get("privileged", False) is False
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "hostPort" not in str(container.get("ports"))
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        tmp_volume = next(v for v in pod["volumes"] if v["name"] == mounts["/tmp"])
+        assert "emptyDir" in tmp_volume
+
+
+def test_deployment_runs_one_standalone_operator(render: Renderer) -> None:
+    dep = operator_deployment(render())
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "finetune-operator/operator:0.1.0"
+    assert container["command"] == ["ftjob"]
+    assert container["args"] == [
+        "operator",
+        "--config=/etc/finetune-operator/config.yaml",
+        "--metrics-port=8080",
+        "--health-port=8081",
+    ]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    config_mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/etc/finetune-operator")
+    assert config_mount["readOnly"] is True
+
+
+def test_config_map_holds_default_images_per_profile(render: Renderer) -> None:
+    assert operator_config(render()) == {
+        "images": {
+            "trn1": "finetune-operator/runtime-neuron:0.1.0",
+            "trn2": "finetune-operator/runtime-neuron:0.1.0",
+            "xeon-amx": "finetune-operator/runtime-xeon:0.1.0",
+            "cpu": "finetune-operator/runtime-cpu:0.1.0",
+            "nvidia": "finetune-operator/runtime-nvidia:0.1.0",
+        }
+    }
+
+
+def test_runtime_images_keep_explicit_tags_and_digests(render: Renderer) -> None:
+    digest = "sha256:" + "0" * 64
+    objs = render(
+        Values().set(
+            {
+                "runtimeImages": {
+                    "tag": "2026.12",
+                    "trn1": "123456789012.dkr.ecr.us-west-2.amazonaws.com/ft/neuron:sdk2.31",
+                    "cpu": f"localhost:5000/ft/cpu@{digest}",
+                    "nvidia": "localhost:5000/ft/nvidia",
+                }
+            }
+        )
+    )
+    images = operator_config(objs)["images"]
+    assert images["trn1"] == "123456789012.dkr.ecr.us-west-2.amazonaws.com/ft/neuron:sdk2.31"
+    assert images["cpu"] == f"localhost:5000/ft/cpu@{digest}"
+    # A registry port is not a tag: the shared tag is still appended.
+    assert images["nvidia"] == "localhost:5000/ft/nvidia:2026.12"
+    assert images["trn2"] == "finetune-operator/runtime-neuron:2026.12"
+
+
+def test_config_change_rolls_the_operator_pod(render: Renderer) -> None:
+    def checksum(objs: list[Manifest]) -> str:
+        return str(
+            operator_deployment(objs)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        )
+
+    before = checksum(render())
+    after = checksum(render(Values().set({"runtimeImages": {"cpu": "other/cpu:1"}})))
+    assert before != after
+
+
+def test_cluster_mode_rbac_grants_exactly_the_operator_verbs(render: Renderer) -> None:
+    objs = render()
+    assert find(objs, "Role") == [] and find(objs, "RoleBinding") == []
+    assert verbs_of(one(objs, "ClusterRole", "finetune-operator")) == NAMESPACED_VERBS
+    assert verbs_of(one(objs, "ClusterRole", "finetune-operator-cluster")) == CRD_READ | NAMESPACES_WATCH
+    for name in ("finetune-operator", "finetune-operator-cluster"):
+        binding = one(objs, "ClusterRoleBinding", name)
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": name,
+        }
+        assert bound_subjects(binding) == [("ServiceAccount", "finetune-operator", NAMESPACE)]
+
+
+def test_namespaced_mode_has_a_role_per_namespace_and_only_crd_read_cluster_wide(render: Renderer) -> None:
+    objs = render(Values().namespaced("team-a", "team-b"), namespace="ops")
+    cluster_roles = find(objs, "ClusterRole")
+    assert [r["metadata"]["name"] for r in cluster_roles] == ["finetune-operator-cluster"]
+    assert verbs_of(cluster_roles[0]) == CRD_READ
+    assert [b["metadata"]["name"] for b in find(objs, "ClusterRoleBinding")] == ["finetune-operator-cluster"]
+    for ns in ("team-a", "team-b"):
+        assert verbs_of(one(objs, "Role", "finetune-operator", ns)) == NAMESPACED_VERBS
+        binding = one(objs, "RoleBinding", "finetune-operator", ns)
+        assert binding["roleRef"]["kind"] == "Role"
+        # The service account lives in the release namespace, not in the watched one.
+        assert bound_subjects(binding) == [("ServiceAccount", "finetune-operator", "ops")]
+    assert {r["metadata"]["namespace"] for r in find(objs, "Role")} == {"team-a", "team-b"}
+    args = one(objs, "Deployment", "finetune-operator", "ops")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert args[-2:] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+def test_rbac_create_false_renders_no_roles(render: Renderer) -> None:
+    objs = render(
+        Values().set({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}})
+    )
+    assert not [o for o in objs if o["kind"].endswith(("Role", "RoleBinding"))]
+    assert find(objs, "ServiceAccount") == []
+    assert operator_deployment(objs)["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+
+
+@pytest.mark.parametrize(
+    ("values", "namespaces"),
+    [
+        (Values().cache_pvc(), [NAMESPACE]),
+        (Values().cache_pvc().namespaced("team-a", "team-b"), ["team-a", "team-b"]),
+        (Values().cache_pvc(namespaces=["ml"]).namespaced("team-a"), ["ml"]),
+    ],
+)
+def test_cache_pvc_is_rwx_in_each_job_namespace(
+    render: Renderer, values: Values, namespaces: list[str]
+) -> None:
+    claims = find(render(values), "PersistentVolumeClaim")
+    assert sorted(c["metadata"]["namespace"] for c in claims) == namespaces
+    for claim in claims:
+        assert claim["metadata"]["name"] == "finetune-cache"
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert claim["spec"]["storageClassName"] == "efs-sc"
+        assert claim["spec"]["resources"]["requests"]["storage"] == "200Gi"
+        assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_cache_pvc_storage_class_size_and_keep(render: Renderer) -> None:
+    values = Values().cache_pvc(
+        storageClassName="fsx-sc", size="1200Gi", keepOnUninstall=False, name="neuron"
+    )
+    claim = one(render(values), "PersistentVolumeClaim", "neuron", NAMESPACE)
+    assert claim["spec"]["storageClassName"] == "fsx-sc"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1200Gi"
+    assert "annotations" not in claim["metadata"]
+
+
+def test_service_monitor_selects_the_metrics_service(render: Renderer) -> None:
+    objs = render(Values().service_monitor(interval="15s", labels={"release": "kube-prometheus-stack"}))
+    monitor = one(objs, "ServiceMonitor", "finetune-operator", NAMESPACE)
+    service = one(objs, "Service", "finetune-operator-metrics", NAMESPACE)
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
+    assert service["spec"]["ports"][0] == {
+        "name": "metrics",
+        "port": 8080,
+        "targetPort": "metrics",
+        "protocol": "TCP",
+    }
+    # The Service reaches the operator pod.
+    pod_labels = operator_deployment(objs)["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+def test_service_monitor_without_service_is_refused(render: Renderer) -> None:
+    result = render.run(Values().service_monitor().set({"metrics": {"service": {"enabled": False}}}))
+    assert result.returncode != 0
+    assert "metrics.service.enabled" in result.stderr
+
+
+def test_network_policy_admits_only_rank_pods_of_the_namespace(render: Renderer) -> None:
+    objs = render(Values().network_policy().namespaced("team-a", "team-b"))
+    policies = find(objs, "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    rank = {"app.kubernetes.io/managed-by": "finetune-operator"}
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec["podSelector"] == {"matchLabels": rank}
+        assert spec["policyTypes"] == ["Ingress"]
+        # A bare podSelector peer (no namespaceSelector) is limited to the policy's own namespace.
+        assert spec["ingress"] == [{"from": [{"podSelector": {"matchLabels": rank}}]}]
+    # The operator's own pod is not a rank pod, so the policy never cuts its probes or metrics.
+    pod_labels = operator_deployment(objs)["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels.get("app.kubernetes.io/managed-by") != "finetune-operator"
+
+
+def test_network_policy_extra_ingress_is_appended(render: Renderer) -> None:
+    extra = {
+        "from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+        "ports": [{"port": 9100}],
+    }
+    policy = one(render(Values().network_policy(extraIngress=[extra])), "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert policy["spec"]["ingress"][1] == extra
+
+
+def test_non_default_operator_settings(render: Renderer) -> None:
+    objs = render(
+        Values().set(
+            {
+                "fullnameOverride": "ftop",
+                "operator": {
+                    "image": {
+                        "repository": "registry.example:5000/ft/operator",
+                        "tag": "dev",
+                        "pullPolicy": "Always",
+                    },
+                    "imagePullSecrets": [{"name": "regcred"}],
+                    "nodeSelector": {"kubernetes.io/os": "linux"},
+                    "runAsUser": 1000,
+                },
+                "metrics": {"port": 9090},
+                "health": {"port": 9091},
+            }
+        )
+    )
+    dep = one(objs, "Deployment", "ftop", NAMESPACE)
+    pod = dep["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "registry.example:5000/ft/operator:dev"
+    assert container["imagePullPolicy"] == "Always"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["securityContext"]["runAsUser"] == 1000
+    assert "--metrics-port=9090" in container["args"] and "--health-port=9091" in container["args"]
+    assert one(objs, "Service", "ftop-metrics")["spec"]["ports"][0]["port"] == 9090
+    assert pod["volumes"][0]["configMap"]["name"] == "ftop-config"
+    one(objs, "ConfigMap", "ftop-config", NAMESPACE)
+
+
+def test_notes_name_the_mode_and_the_namespaces(helm: str) -> None:
+    out = subprocess.run(
+        [helm, "install", "--dry-run=client", RELEASE, str(CHART), "-n", "ops",
+         "--set", "watchNamespaces={team-a,team-b}", "--set", "cachePVC.create=true"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    notes = out.stdout.split("NOTES:", 1)[1]
+    assert "Mode: namespaced. FineTuneJobs are handled only in: team-a, team-b." in notes
+    assert "kubectl -n ops rollout status deployment/finetune-operator" in notes
+    assert 'Compile cache claim "finetune-cache" (efs-sc, 200Gi) in: team-a, team-b.' in notes
+    for profile in PROFILES:
+        assert f"  {profile}: finetune-operator/runtime-" in notes
