@@ -1,9 +1,19 @@
-"""Command line: `python -m ftjob_cluster bin NAME | build | up | down | status` (see docs/cluster.md)."""
+"""ftjob-cluster: pinned Kubernetes binaries and a local control plane (see docs/cluster.md).
+
+bin NAME...      print absolute paths of pinned binaries, fetching/building them first
+build            fetch kubectl/helm and build etcd + control plane into the cache
+up --dir DIR     start a control plane that keeps running after this command exits
+down --dir DIR   stop it
+status --dir DIR say whether it runs and where its kubeconfig is
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
+from pathlib import Path
 
 from ftjob_cluster import bins
 
@@ -24,21 +34,69 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_up(args: argparse.Namespace) -> int:
+    # Imported here: the PKI needs `cryptography`, which `bin`/`build` on a bare python3 must not require.
+    from ftjob_cluster.localcluster import LocalCluster
+
+    directory = args.dir.resolve()
+    if (directory / "state.json").exists():
+        print(f"a cluster already runs from {directory} (make cluster-down first)", file=sys.stderr)
+        return 1
+    directory.mkdir(parents=True, exist_ok=True)
+    cluster = LocalCluster(directory).start(detach=True)
+    kubectl = bins.ensure_binary("kubectl")
+    print(f"control plane {bins.K8S_VERSION} up in {cluster.startup_seconds:.1f} s at {cluster.server}")
+    print(f"logs: {directory / 'logs'}")
+    print("use it with:")
+    print(f"  export KUBECONFIG={cluster.kubeconfig}")
+    print(f"  {kubectl} get --raw /readyz?verbose")
+    print("stop it with: make cluster-down")
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from ftjob_cluster.localcluster import LocalCluster
+
+    start = time.monotonic()
+    stopped = LocalCluster.stop_detached(args.dir.resolve())
+    if stopped:
+        print(f"stopped {', '.join(stopped)} in {time.monotonic() - start:.1f} s")
+    else:
+        print(f"no cluster running from {args.dir}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    state_file = args.dir.resolve() / "state.json"
+    if not state_file.exists():
+        print(f"no cluster running from {args.dir}")
+        return 1
+    state = json.loads(state_file.read_text())
+    alive = [c["name"] for c in state["components"] if Path(f"/proc/{c['pid']}").exists()]
+    print(f"KUBECONFIG={state['kubeconfig']}")
+    print(f"running: {', '.join(alive) or 'nothing'}")
+    return 0 if len(alive) == len(state["components"]) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ftjob-cluster", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="ftjob-cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("bin", help="print the absolute path of pinned binaries, fetching/building them first")
+    p = sub.add_parser("bin", help="print absolute paths of pinned binaries, fetching/building them first")
     p.add_argument("names", nargs="+", choices=bins.tool_names(), metavar="NAME")
     p.set_defaults(func=_cmd_bin)
     p = sub.add_parser("build", help="fetch kubectl/helm and build etcd + control plane into the cache")
     p.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
     p.set_defaults(func=_cmd_build)
-    try:
-        from ftjob_cluster import cli_cluster  # needs `cryptography`; absent on a bare python3
-    except ImportError:
-        cli_cluster = None  # type: ignore[assignment]
-    if cli_cluster is not None:
-        cli_cluster.add_commands(sub)
+    for name, func, text in (
+        ("up", _cmd_up, "start a detached control plane"),
+        ("down", _cmd_down, "stop a detached control plane"),
+        ("status", _cmd_status, "show a detached control plane"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--dir", type=Path, required=True, help="cluster directory (kubeconfig, pki, logs)")
+        p.set_defaults(func=func)
     args = parser.parse_args(argv)
     return int(args.func(args))
 
