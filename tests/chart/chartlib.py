@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -44,8 +45,23 @@ def pinned_k8s_version() -> str:
     return str(bins.K8S_VERSION)
 
 
+class Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader that also reads YAML 1.2 floats such as `5e-05` (no dot), as Go's YAML (kubectl,
+    kustomize, the API server) does. PyYAML follows YAML 1.1 and would read them as strings, so a
+    CRD default re-emitted by kustomize would look different from the same default in the chart."""
+
+
+Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"
+    ),
+    list("-+0123456789."),
+)
+
+
 def load_all(text: str) -> list[Manifest]:
-    return [d for d in yaml.safe_load_all(text) if d]
+    return [d for d in yaml.load_all(text, Loader=Yaml12Loader) if d]
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

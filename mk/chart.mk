@@ -1,0 +1,22 @@
+# Helm chart, kustomize manifests and the EKS guide (charts/finetune-operator, manifests/, docs/eks.md).
+CHART_DIR := charts/finetune-operator
+CRD_COPIES := $(CHART_DIR)/crds/finetunejobs.yaml manifests/crd/finetunejobs.yaml
+
+.PHONY: generate generate-crds test-chart chart-lint
+
+# Other areas may add their own generators as prerequisites of `generate`.
+generate: generate-crds ## Regenerate every generated file
+
+generate-crds: setup ## Copy `ftjob crd` into the chart's crds/ and manifests/crd/
+	@mkdir -p $(dir $(CRD_COPIES))
+	$(VENV)/bin/ftjob crd > $(CHART_DIR)/crds/.finetunejobs.yaml.new
+	@for f in $(CRD_COPIES); do cp $(CHART_DIR)/crds/.finetunejobs.yaml.new $$f; done
+	@rm -f $(CHART_DIR)/crds/.finetunejobs.yaml.new
+
+chart-lint: ## helm lint --strict the chart (pinned helm)
+	"$$(tools/cluster/bin/ftjob-tool helm)" lint --strict $(CHART_DIR)
+
+test-chart: setup ## Chart tier: lint, render assertions, values schema, OpenAPI validation, kustomize parity, CRD drift
+	$(PY) -m pytest -q tests/chart
+
+TEST_TIERS += test-chart

@@ -1,0 +1,99 @@
+"""values.schema.json: Helm refuses bad values before rendering anything."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from chartlib import CHART, Renderer, Values
+
+# (values, a fragment Helm's error names: the offending path or the template's own message)
+BAD_VALUES: list[tuple[str, Values, str]] = [
+    (
+        "unknown top-level key",
+        Values().set({"watchNamespace": ["a"]}),
+        "additional properties 'watchNamespace'",
+    ),
+    ("typo in a nested key", Values().set({"cachePVC": {"storageclass": "efs-sc"}}), "/cachePVC"),
+    ("namespace not a DNS label", Values().namespaced("Team_A"), "/watchNamespaces/0"),
+    ("namespace given as a string", Values().set({"watchNamespaces": "team-a"}), "/watchNamespaces"),
+    ("duplicate namespace", Values().namespaced("team-a", "team-a"), "/watchNamespaces"),
+    ("root user", Values().set({"operator": {"runAsUser": 0}}), "/operator/runAsUser"),
+    ("port out of range", Values().set({"metrics": {"port": 70000}}), "/metrics/port"),
+    ("port as a string", Values().set({"health": {"port": "8081"}}), "/health/port"),
+    (
+        "pull policy",
+        Values().set({"operator": {"image": {"pullPolicy": "Sometimes"}}}),
+        "/operator/image/pullPolicy",
+    ),
+    ("empty runtime image", Values().set({"runtimeImages": {"trn1": ""}}), "/runtimeImages/trn1"),
+    ("upper-case image", Values().set({"runtimeImages": {"cpu": "Finetune/CPU"}}), "/runtimeImages/cpu"),
+    ("unknown profile", Values().set({"runtimeImages": {"tpu": "x/tpu"}}), "/runtimeImages"),
+    ("missing profile", Values().set({"runtimeImages": {"nvidia": None}}), "/runtimeImages"),
+    ("cache without RWX", Values().cache_pvc(accessModes=["ReadWriteOnce"]), "/cachePVC/accessModes"),
+    ("cache size not a quantity", Values().cache_pvc(size="lots"), "/cachePVC/size"),
+    (
+        "bad scrape interval",
+        Values().service_monitor(interval="30 seconds"),
+        "/metrics/serviceMonitor/interval",
+    ),
+    (
+        "service type",
+        Values().set({"metrics": {"service": {"type": "ExternalName"}}}),
+        "/metrics/service/type",
+    ),
+    ("flag as a string", Values().set({"networkPolicy": {"enabled": "yes"}}), "/networkPolicy/enabled"),
+    (
+        "pull secret shape",
+        Values().set({"operator": {"imagePullSecrets": ["regcred"]}}),
+        "/operator/imagePullSecrets",
+    ),
+    # Two fields that must differ cannot be compared in JSON Schema; the Deployment template checks it.
+    ("metrics and health share a port", Values().set({"metrics": {"port": 8081}}), "must differ"),
+]
+
+
+@pytest.mark.parametrize(("case", "values", "message"), BAD_VALUES, ids=[c[0] for c in BAD_VALUES])
+def test_bad_values_are_rejected(render: Renderer, case: str, values: Values, message: str) -> None:
+    result = render.run(values)
+    assert result.returncode != 0, f"{case}: helm accepted {values.data}"
+    assert message in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+ECR = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
+GOOD_VALUES: list[tuple[str, Values]] = [
+    ("defaults", Values()),
+    ("ECR image with a tag", Values().set({"runtimeImages": {"trn1": ECR + "/ft/neuron:sdk2.31"}})),
+    ("digest", Values().set({"runtimeImages": {"cpu": "localhost:5000/ft/cpu@sha256:" + "a" * 64}})),
+    ("RWX among others", Values().cache_pvc(accessModes=["ReadWriteOnce", "ReadWriteMany"], size="1.5Ti")),
+    ("everything on", Values().namespaced("a", "b-2").cache_pvc().service_monitor().network_policy()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "values"), GOOD_VALUES, ids=[c[0] for c in GOOD_VALUES])
+def test_good_values_are_accepted(render: Renderer, case: str, values: Values) -> None:
+    result = render.run(values)
+    assert result.returncode == 0, f"{case}: {result.stderr}"
+
+
+def test_schema_covers_every_default_value() -> None:
+    """Every key in values.yaml is declared (additionalProperties is false everywhere it matters)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(node: object, sch: dict[str, object], path: str) -> None:
+        if not isinstance(node, dict) or "properties" not in sch:
+            return
+        props = sch["properties"]
+        assert isinstance(props, dict)
+        assert sch.get("additionalProperties") is False, f"{path or '/'} accepts unknown keys"
+        for key, value in node.items():
+            assert key in props, f"{path}/{key} is not in values.schema.json"
+            sub = props[key]
+            if isinstance(sub, dict) and "$ref" in sub:
+                sub = schema["definitions"][str(sub["$ref"]).rsplit("/", 1)[1]]
+            walk(value, sub, f"{path}/{key}")
+
+    walk(defaults, schema, "")
