@@ -1,0 +1,1 @@
+"""The FineTuneJob API: schema (single source of truth), cross-field rules, structural validation."""

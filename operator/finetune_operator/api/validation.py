@@ -1,0 +1,144 @@
+"""Structural validation and defaulting driven by the OpenAPI schema in schema.py, as the API server does it.
+
+Walking the same schema the CRD is generated from keeps `ftjob render` and admission in agreement without a
+second hand-written copy of types, enums and bounds.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .schema import Schema
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with a spec: the field path (e.g. spec.hardware.nodes) and what to do about it."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class InvalidSpec(ValueError):
+    """Raised with every problem found, so a user fixes them in one round."""
+
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+}
+
+
+def apply_defaults(schema: Schema, value: Any) -> Any:
+    """Return a copy of value with schema defaults filled in where a parent object is present."""
+    value = copy.deepcopy(value)
+    _default_in_place(schema, value)
+    return value
+
+
+def _default_in_place(schema: Schema, value: Any) -> None:
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                _default_in_place(sub, value[key])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in value:
+                if key not in schema.get("properties", {}):
+                    _default_in_place(extra, value[key])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for item in value:
+            _default_in_place(schema["items"], item)
+
+
+def validate_structure(schema: Schema, value: Any, path: str) -> list[FieldError]:
+    """Type, enum, bounds, pattern, required and unknown-field checks (kubectl's strict field validation)."""
+    errors: list[FieldError] = []
+    _walk(schema, value, path, errors)
+    return errors
+
+
+def _type_ok(expected: str, value: Any) -> bool:
+    if isinstance(value, bool) and expected in ("integer", "number"):
+        return False
+    return isinstance(value, _TYPES[expected])
+
+
+def _walk(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> None:
+    expected = schema.get("type")
+    if value is None:
+        errors.append(FieldError(path, "must not be null; remove the field to use the default"))
+        return
+    if expected and not _type_ok(expected, value):
+        errors.append(FieldError(path, f"must be of type {expected}, got {type(value).__name__} {value!r}"))
+        return
+    if "enum" in schema and value not in schema["enum"]:
+        allowed = ", ".join(str(v) for v in schema["enum"])
+        hint = difflib.get_close_matches(str(value), [str(v) for v in schema["enum"]], n=1)
+        did = f" (did you mean {hint[0]}?)" if hint else ""
+        errors.append(FieldError(path, f"unsupported value {value!r}{did}; use one of: {allowed}"))
+    if expected in ("integer", "number"):
+        _bounds(schema, value, path, errors)
+    if expected == "string":
+        if "minLength" in schema and len(value) < schema["minLength"]:
+            errors.append(FieldError(path, f"must have at least {schema['minLength']} characters"))
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            errors.append(FieldError(path, f"must have at most {schema['maxLength']} characters"))
+        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+            errors.append(FieldError(path, f"{value!r} does not match the pattern {schema['pattern']}"))
+    if expected == "array":
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errors.append(FieldError(path, f"must have at most {schema['maxItems']} items"))
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            errors.append(FieldError(path, f"must have at least {schema['minItems']} item(s)"))
+        for i, item in enumerate(value):
+            _walk(schema.get("items", {}), item, f"{path}[{i}]", errors)
+    if expected == "object":
+        _object(schema, value, path, errors)
+
+
+def _bounds(schema: Schema, value: float, path: str, errors: list[FieldError]) -> None:
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    if lo is not None:
+        if schema.get("exclusiveMinimum") and value <= lo:
+            errors.append(FieldError(path, f"must be greater than {lo}, got {value}"))
+        elif value < lo:
+            errors.append(FieldError(path, f"must be at least {lo}, got {value}"))
+    if hi is not None and value > hi:
+        errors.append(FieldError(path, f"must be at most {hi}, got {value}"))
+
+
+def _object(schema: Schema, value: dict[str, Any], path: str, errors: list[FieldError]) -> None:
+    props: dict[str, Schema] = schema.get("properties", {})
+    for req in schema.get("required", []):
+        if req not in value:
+            errors.append(FieldError(f"{path}.{req}", "required field is missing"))
+    if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+        errors.append(FieldError(path, f"must have at most {schema['maxProperties']} entries"))
+    extra = schema.get("additionalProperties")
+    for key, sub_value in value.items():
+        if key in props:
+            _walk(props[key], sub_value, f"{path}.{key}", errors)
+        elif isinstance(extra, dict):
+            _walk(extra, sub_value, f"{path}.{key}", errors)
+        elif not schema.get("x-kubernetes-preserve-unknown-fields") and props:
+            hint = difflib.get_close_matches(key, list(props), n=1)
+            did = f"; did you mean {hint[0]}?" if hint else f"; known fields: {', '.join(props)}"
+            errors.append(FieldError(f"{path}.{key}", f"unknown field{did}"))

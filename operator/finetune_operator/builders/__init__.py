@@ -1,0 +1,57 @@
+"""Pure builders: validated FineTuneJob (+ profile data) -> the Kubernetes objects it owns. No I/O.
+
+`ftjob render`, `ftjob run`, the operator and the tests all call `desired()`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .layout import Layout, resolve
+from .names import Names
+from .objects import SshKeys, config_map, service, ssh_secret
+from .pods import mpi_pods, torchrun_pods
+
+__all__ = ["Children", "Layout", "Names", "SshKeys", "desired", "image_for", "resolve"]
+
+
+@dataclass(frozen=True)
+class Children:
+    layout: Layout
+    names: Names
+    objects: list[dict[str, Any]]  # Service, ConfigMap, Secret: created once, never recreated by restarts
+    pods: list[dict[str, Any]]  # recreated on every group restart (attempt label)
+
+    def all(self) -> list[dict[str, Any]]:
+        return self.objects + self.pods
+
+
+def image_for(job: dict[str, Any], layout: Layout, images: Mapping[str, str] | None) -> str:
+    """spec.image, else the operator's configured image for the profile, else the profile's default."""
+    return str(job["spec"].get("image") or (images or {}).get(layout.profile.name) or layout.profile.image)
+
+
+def desired(
+    job: dict[str, Any],
+    *,
+    images: Mapping[str, str] | None = None,
+    ssh_keys: SshKeys | None = None,
+    attempt: int = 0,
+) -> Children:
+    """Every child of `job` (validated, defaults applied). MPI jobs need `ssh_keys`."""
+    layout = resolve(job)
+    names = Names.of(job, layout.launcher)
+    image = image_for(job, layout, images)
+    objects = [service(job, layout, names), config_map(job, layout, names)]
+    if layout.launcher == "mpi":
+        if ssh_keys is None:
+            raise ValueError("MPI jobs need ssh_keys")
+        objects.append(ssh_secret(job, names, ssh_keys))
+        pods = mpi_pods(job, layout, names, image, attempt)
+    else:
+        pods = torchrun_pods(job, layout, names, image, attempt)
+    # Independent copies: callers mutate and serialise them freely.
+    return Children(layout, names, copy.deepcopy(objects), copy.deepcopy(pods))

@@ -1,0 +1,104 @@
+"""Container environment: the runtime contract (docs/architecture.md) plus what the profile derives.
+
+Order matters: later layers win, and the user's spec.env wins over everything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import constants as c
+from .layout import Layout
+from .names import Names
+
+
+def thread_env(layout: Layout) -> dict[str, str]:
+    """OMP/oneCCL thread counts from the pod's CPUs (never from the host that renders them)."""
+    p = layout.profile
+    env: dict[str, str] = {}
+    if p.threads is None or layout.cpu_per_pod is None:
+        return env
+    cores = int(layout.cpu_per_pod) // p.threads.threads_per_core
+    per_proc = max(1, cores // layout.procs_per_node)
+    ccl = p.threads.ccl_worker_count
+    env["OMP_NUM_THREADS"] = str(max(1, per_proc - ccl))
+    if ccl:
+        env["CCL_WORKER_COUNT"] = str(ccl)
+    if p.threads.tcmalloc:
+        env["LD_PRELOAD"] = p.threads.tcmalloc
+    return env
+
+
+def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, str]:
+    """Every variable the operator sets for the job's containers, before spec.env."""
+    spec = job["spec"]
+    p = layout.profile
+    training = spec.get("training") or {}
+    cache = spec.get("compileCache") or {}
+    output = spec.get("output") or {}
+    env: dict[str, str] = {}
+    env.update(p.env)
+    env.update(thread_env(layout))
+    if training.get("precision") == "bf16":
+        env.update(p.bf16_env)
+    if layout.nodes > 1:
+        env.update(p.multi_node_env)
+    if layout.efa and p.efa:
+        env.update(p.efa.env)
+    if p.backend == "neuron":
+        env["NEURON_COMPILE_CACHE_URL"] = cache.get("url") or f"{c.CACHE_DIR}/neuron"
+        if layout.nodes > 1:
+            env["NEURON_RT_ROOT_COMM_ID"] = f"{names.master_addr}:{c.NEURON_RT_COMM_PORT}"
+    env.update(
+        {
+            "FTJOB_JOB_NAME": names.job,
+            "FTJOB_NAMESPACE": names.namespace,
+            "FTJOB_CONFIG": c.CONFIG_FILE,
+            "FTJOB_PROFILE": p.name,
+            "FTJOB_BACKEND": p.backend,
+            "FTJOB_LAUNCHER": layout.launcher,
+            "FTJOB_NNODES": str(layout.nodes),
+            "FTJOB_NPROC_PER_NODE": str(layout.procs_per_node),
+            "FTJOB_WORLD_SIZE": str(layout.world_size),
+            "FTJOB_MASTER_ADDR": names.master_addr,
+            "FTJOB_MASTER_PORT": str(c.MASTER_PORT),
+            "FTJOB_CACHE_DIR": c.CACHE_DIR,
+            "FTJOB_OUTPUT_DIR": f"{c.OUTPUT_DIR}/{output['path']}" if output.get("path") else c.OUTPUT_DIR,
+            "FTJOB_PRECOMPILE_STEPS": str(cache.get("precompileSteps", 16)),
+            "HF_HOME": f"{c.CACHE_DIR}/hf",
+            "HOME": c.HOME_DIR,
+        }
+    )
+    if output.get("url"):
+        env["FTJOB_OUTPUT_URL"] = output["url"]
+    if layout.launcher == "mpi":
+        env.update(
+            {
+                "FTJOB_MPI_IMPLEMENTATION": str(layout.mpi_implementation),
+                "FTJOB_HOSTFILE": c.HOSTFILE,
+                "FTJOB_MPI_SLOTS_PER_NODE": str(layout.procs_per_node),
+                "FTJOB_SSH_PORT": str(c.SSH_PORT),
+            }
+        )
+    return env
+
+
+def container_env(
+    job: dict[str, Any], layout: Layout, names: Names, extra: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The env list of a container: derived values, `extra` (per pod), the HF token, then spec.env."""
+    spec = job["spec"]
+    merged = derived_env(job, layout, names)
+    merged.update(extra or {})
+    out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in merged.items()]
+    token = spec.get("hfTokenSecretRef")
+    if token:
+        out.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": token["name"], "key": token.get("key", "token")}},
+            }
+        )
+    user = spec.get("env") or []
+    user_names = {e["name"] for e in user}
+    return [e for e in out if e["name"] not in user_names] + list(user)

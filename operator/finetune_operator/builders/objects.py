@@ -1,0 +1,129 @@
+"""Service, ConfigMap (runtime config + MPI hostfile) and the per-job SSH Secret."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .. import constants as c
+from .layout import Layout
+from .names import Names
+
+
+@dataclass(frozen=True)
+class SshKeys:
+    """OpenSSH-format key material for one MPI job (made by ssh.generate_keys, outside the pure builders)."""
+
+    private_key: str
+    public_key: str
+    host_private_key: str
+    host_public_key: str
+
+
+def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    meta = job["metadata"]
+    return {
+        "apiVersion": job["apiVersion"],
+        "kind": job["kind"],
+        "name": meta["name"],
+        # Offline renders have no uid yet; the operator always has the real one.
+        "uid": meta.get("uid") or "00000000-0000-0000-0000-000000000000",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels(names: Names, role: str | None = None, rank: int | None = None) -> dict[str, str]:
+    out = {
+        c.LABEL_NAME: "finetune-job",
+        c.LABEL_INSTANCE: names.job,
+        c.LABEL_MANAGED_BY: c.MANAGED_BY,
+        c.LABEL_PART_OF: "finetune-operator",
+        c.LABEL_JOB_NAME: names.job,
+    }
+    if role:
+        out[c.LABEL_COMPONENT] = role
+        out[c.LABEL_ROLE] = role
+    if rank is not None:
+        out[c.LABEL_RANK] = str(rank)
+    return out
+
+
+def metadata(job: dict[str, Any], names: Names, name: str, role: str | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": names.namespace,
+        "labels": labels(names, role),
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def service(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, Any]:
+    """Headless Service: gives every rank pod a stable name ({pod}.{job}.{ns}.svc), published before it is
+    ready so peers can resolve each other during start-up."""
+    port = c.SSH_PORT if layout.launcher == "mpi" else c.MASTER_PORT
+    pname = "ssh" if layout.launcher == "mpi" else "rendezvous"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(job, names, names.service),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {c.LABEL_JOB_NAME: names.job, c.LABEL_MANAGED_BY: c.MANAGED_BY},
+            "ports": [{"name": pname, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def hostfile(layout: Layout, names: Names) -> str:
+    """Intel MPI and MPICH (Hydra) read `host:N`; OpenMPI reads `host slots=N`."""
+    hosts = [names.fqdn(names.rank_pod(i)) for i in range(layout.nodes)]
+    n = layout.procs_per_node
+    if layout.mpi_implementation == "openmpi":
+        return "".join(f"{h} slots={n}\n" for h in hosts)
+    return "".join(f"{h}:{n}\n" for h in hosts)
+
+
+def runtime_config(job: dict[str, Any]) -> dict[str, Any]:
+    spec = job["spec"]
+    meta = job["metadata"]
+    return {
+        "jobName": meta["name"],
+        "namespace": meta.get("namespace") or "default",
+        "task": spec.get("task"),
+        "training": spec.get("training"),
+        "compileCache": spec.get("compileCache"),
+        "output": spec.get("output"),
+    }
+
+
+def config_map(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, Any]:
+    data = {"config.json": json.dumps(runtime_config(job), indent=2, sort_keys=True) + "\n"}
+    if layout.launcher == "mpi":
+        data["hostfile"] = hostfile(layout, names)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(job, names, names.config_map), "data": data}
+
+
+def ssh_secret(job: dict[str, Any], names: Names, keys: SshKeys) -> dict[str, Any]:
+    """Immutable: a job keeps one identity for its lifetime; a restart reuses it."""
+
+    def b64(s: str) -> str:
+        return base64.b64encode(s.encode()).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "immutable": True,
+        "metadata": metadata(job, names, names.ssh_secret),
+        "data": {
+            "id_ed25519": b64(keys.private_key),
+            "id_ed25519.pub": b64(keys.public_key),
+            "authorized_keys": b64(keys.public_key),
+            "ssh_host_ed25519_key": b64(keys.host_private_key),
+            "ssh_host_ed25519_key.pub": b64(keys.host_public_key),
+        },
+    }

@@ -1,0 +1,272 @@
+"""Rank pods (torchrun), worker pods + launcher pod (MPI)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .. import constants as c
+from .env import container_env
+from .layout import Layout
+from .names import Names
+from .objects import labels, owner_reference
+
+WAIT_TIMEOUT_S = 900  # peers pulling a multi-GB image can take minutes; then the pod fails and the group restarts
+
+
+def _volumes(job: dict[str, Any], layout: Layout, names: Names, role: str) -> tuple[list[Any], list[Any]]:
+    spec = job["spec"]
+    cache = spec.get("compileCache") or {}
+    output = spec.get("output") or {}
+    vols: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": names.config_map, "defaultMode": 0o444}},
+        {"name": "home", "emptyDir": {}},
+        # torch's shared-memory tensors and data-loader workers need more than the runtime's 64 MiB /dev/shm.
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": c.CONFIG_DIR, "readOnly": True},
+        {"name": "home", "mountPath": c.HOME_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if role != c.ROLE_LAUNCHER:
+        if cache.get("claimName"):
+            vols.append({"name": "cache", "persistentVolumeClaim": {"claimName": cache["claimName"]}})
+        else:
+            vols.append({"name": "cache", "emptyDir": {}})
+        mounts.append({"name": "cache", "mountPath": c.CACHE_DIR})
+        if output.get("claimName"):
+            vols.append({"name": "output", "persistentVolumeClaim": {"claimName": output["claimName"]}})
+        else:  # output.url: a scratch directory the runtime uploads from
+            vols.append({"name": "output", "emptyDir": {}})
+        mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR})
+    if layout.launcher == "mpi":
+        vols.append({"name": "ssh", "secret": {"secretName": names.ssh_secret, "defaultMode": 0o400}})
+        mounts.append({"name": "ssh", "mountPath": c.SSH_DIR, "readOnly": True})
+    return vols, mounts
+
+
+def _security(uid: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    pod = {
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    container = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return pod, container
+
+
+def _scheduling(job: dict[str, Any], layout: Layout) -> dict[str, Any]:
+    hw = job["spec"]["hardware"]
+    p = layout.profile
+    selector = dict(p.node_selector)
+    if layout.instance is not None:
+        selector["node.kubernetes.io/instance-type"] = layout.instance.name
+    selector.update(hw.get("nodeSelector") or {})
+    out: dict[str, Any] = {}
+    if selector:
+        out["nodeSelector"] = dict(sorted(selector.items()))
+    tolerations = [dict(t) for t in p.tolerations] + list(hw.get("tolerations") or [])
+    if tolerations:
+        out["tolerations"] = tolerations
+    if hw.get("affinity"):
+        out["affinity"] = copy.deepcopy(hw["affinity"])
+    if hw.get("schedulerName"):
+        out["schedulerName"] = hw["schedulerName"]
+    return out
+
+
+def _pod(
+    job: dict[str, Any],
+    layout: Layout,
+    names: Names,
+    *,
+    name: str,
+    role: str,
+    rank: int | None,
+    attempt: int,
+    image: str,
+    containers: list[dict[str, Any]],
+    init_containers: list[dict[str, Any]],
+    scheduling: dict[str, Any],
+    pod_count: int,
+) -> dict[str, Any]:
+    spec = job["spec"]
+    run_policy = spec.get("runPolicy") or {}
+    meta_labels = labels(names, role, rank)
+    meta_labels[c.LABEL_ATTEMPT] = str(attempt)
+    meta_labels[c.LABEL_KUEUE_POD_GROUP] = names.job
+    if run_policy.get("queueName"):
+        meta_labels[c.LABEL_KUEUE_QUEUE] = run_policy["queueName"]
+    vols, mounts = _volumes(job, layout, names, role)
+    pod_sec, ctr_sec = _security(layout.profile.run_as_user)
+    pull = spec.get("imagePullPolicy")
+    for ctr in init_containers + containers:
+        ctr.setdefault("image", image)
+        if pull:
+            ctr["imagePullPolicy"] = pull
+        ctr["volumeMounts"] = mounts
+        ctr["securityContext"] = ctr_sec
+        # The kubelet copies the last log lines into the termination message: the operator reports them
+        # when a rank fails, without reading logs.
+        ctr["terminationMessagePolicy"] = "FallbackToLogsOnError"
+        if spec.get("envFrom"):
+            ctr["envFrom"] = spec["envFrom"]
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": names.service,
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # pods report progress through logs, never the API
+        "enableServiceLinks": False,
+        "securityContext": pod_sec,
+        **scheduling,
+        "initContainers": init_containers,
+        "containers": containers,
+        "volumes": vols,
+    }
+    if not init_containers:
+        del pod_spec["initContainers"]
+    if spec.get("serviceAccountName"):
+        pod_spec["serviceAccountName"] = spec["serviceAccountName"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": names.namespace,
+            "labels": meta_labels,
+            "annotations": {c.ANNOTATION_KUEUE_POD_GROUP_COUNT: str(pod_count)},
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def _resources(layout: Layout) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if layout.requests:
+        out["requests"] = dict(layout.requests)
+    if layout.limits:
+        out["limits"] = dict(layout.limits)
+    return out
+
+
+def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, attempt: int) -> list[Any]:
+    spec = job["spec"]
+    precompile = bool((spec.get("compileCache") or {}).get("precompile"))
+    command = spec.get("command") or [c.RUNTIME_CMD, "launch"]
+    pods = []
+    for i in range(layout.nodes):
+        env_extra = {"FTJOB_NODE_RANK": str(i)}
+        if spec.get("command"):  # bring-your-own script: the usual torchrun variables, nothing else assumed
+            env_extra.update(
+                {
+                    "MASTER_ADDR": names.master_addr,
+                    "MASTER_PORT": str(c.MASTER_PORT),
+                    "NNODES": str(layout.nodes),
+                    "NODE_RANK": str(i),
+                    "NPROC_PER_NODE": str(layout.procs_per_node),
+                }
+            )
+        env = container_env(job, layout, names, env_extra)
+        init = []
+        if i > 0:
+            init.append(
+                {
+                    "name": c.INIT_WAIT,
+                    "command": [c.RUNTIME_CMD, "wait-for", "--dns", names.master_addr, "--timeout",
+                                str(WAIT_TIMEOUT_S)],
+                    "env": env,
+                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                }
+            )
+        if precompile:
+            init.append(
+                {
+                    "name": c.INIT_PRECOMPILE,
+                    "command": [c.RUNTIME_CMD, "launch", "--precompile"],
+                    "env": [*env, {"name": "FTJOB_MODE", "value": "precompile"}],
+                    "resources": _resources(layout),
+                }
+            )
+        trainer = {
+            "name": c.CONTAINER_TRAINER,
+            "command": list(command),
+            "env": env,
+            "resources": _resources(layout),
+            "ports": [{"name": "rendezvous", "containerPort": c.MASTER_PORT}],
+        }
+        pods.append(
+            _pod(
+                job, layout, names, name=names.rank_pod(i), role=c.ROLE_RANK, rank=i, attempt=attempt, image=image,
+                containers=[trainer], init_containers=init, scheduling=_scheduling(job, layout),
+                pod_count=layout.nodes,
+            )
+        )
+    return pods
+
+
+def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, attempt: int) -> list[Any]:
+    spec = job["spec"]
+    env = container_env(job, layout, names)
+    pods = []
+    for i in range(layout.nodes):
+        sshd = {
+            "name": c.CONTAINER_SSHD,
+            "command": [c.RUNTIME_CMD, "sshd"],
+            "env": env,
+            "resources": _resources(layout),
+            "ports": [{"name": "ssh", "containerPort": c.SSH_PORT}],
+            "readinessProbe": {"tcpSocket": {"port": c.SSH_PORT}, "periodSeconds": 2},
+        }
+        pods.append(
+            _pod(
+                job, layout, names, name=names.rank_pod(i), role=c.ROLE_WORKER, rank=i, attempt=attempt,
+                image=image, containers=[sshd], init_containers=[], scheduling=_scheduling(job, layout),
+                pod_count=layout.nodes + 1,
+            )
+        )
+    wait_cmd = [c.RUNTIME_CMD, "wait-for", "--timeout", str(WAIT_TIMEOUT_S)]
+    for i in range(layout.nodes):
+        host = names.fqdn(names.rank_pod(i))
+        wait_cmd += ["--dns", host, "--ssh", host]
+    mpirun = [c.RUNTIME_CMD, "mpirun"]
+    if spec.get("command"):
+        mpirun += ["--", *spec["command"]]
+    init = [
+        {
+            "name": c.INIT_WAIT,
+            "command": wait_cmd,
+            "env": env,
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        }
+    ]
+    if (spec.get("compileCache") or {}).get("precompile"):
+        # mpirun forwards the launcher's environment, so FTJOB_MODE reaches every rank.
+        init.append(
+            {
+                "name": c.INIT_PRECOMPILE,
+                "command": mpirun,
+                "env": [*env, {"name": "FTJOB_MODE", "value": "precompile"}],
+                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
+            }
+        )
+    launcher = {
+        "name": c.CONTAINER_LAUNCHER,
+        "command": mpirun,
+        "env": env,
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+    }
+    # The launcher only runs mpirun; it goes wherever it fits, not onto an accelerator node.
+    launcher_sched = {k: v for k, v in _scheduling(job, layout).items() if k in ("schedulerName",)}
+    pods.append(
+        _pod(
+            job, layout, names, name=names.launcher, role=c.ROLE_LAUNCHER, rank=None, attempt=attempt, image=image,
+            containers=[launcher], init_containers=init, scheduling=launcher_sched, pod_count=layout.nodes + 1,
+        )
+    )
+    return pods

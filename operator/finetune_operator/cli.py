@@ -1,0 +1,161 @@
+"""`ftjob`: render a job's children offline, print the CRD, run the operator, or run a job locally."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .admission import validate
+from .api.validation import InvalidSpec
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml_stream(objs: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(objs, Dumper=_NoAliasDumper, sort_keys=False, width=120)
+
+
+def load_jobs(path: str) -> list[dict[str, Any]]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    if not docs:
+        raise SystemExit(f"error: {path} holds no FineTuneJob")
+    for d in docs:
+        if not isinstance(d, dict):
+            raise SystemExit(f"error: {path}: every document must be a FineTuneJob mapping")
+    return docs
+
+
+def load_config(path: str | None) -> dict[str, Any]:
+    """Operator configuration (the chart's ConfigMap): `images: {profile: image}`."""
+    if not path:
+        return {}
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise SystemExit(f"error: {path}: expected a mapping with an `images` key")
+    return data
+
+
+def _render(args: argparse.Namespace) -> int:
+    from .builders import desired
+    from .sshkeys import generate_keys
+
+    config = load_config(args.config)
+    out: list[dict[str, Any]] = []
+    failed = False
+    for raw in load_jobs(args.filename):
+        raw.setdefault("metadata", {})
+        if args.namespace:
+            raw["metadata"]["namespace"] = args.namespace
+        name = raw["metadata"].get("name", "<unnamed>")
+        try:
+            job = validate(raw)
+        except InvalidSpec as e:
+            failed = True
+            print(f"error: FineTuneJob {name!r} is invalid:", file=sys.stderr)
+            for err in e.errors:
+                print(f"  {err}", file=sys.stderr)
+            continue
+        keys = generate_keys(name) if (job["spec"].get("launcher") or _default_launcher(job)) == "mpi" else None
+        out += desired(job, images=config.get("images"), ssh_keys=keys).all()
+    if out:
+        sys.stdout.write(dump_yaml_stream(out))
+    return 1 if failed else 0
+
+
+def _default_launcher(job: dict[str, Any]) -> str:
+    from . import profiles
+
+    return profiles.get(job["spec"]["hardware"]["profile"]).default_launcher
+
+
+def _crd(_: argparse.Namespace) -> int:
+    from .crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from .handlers import run_operator
+
+    return run_operator(
+        namespaces=args.namespace or [],
+        config=load_config(args.config),
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        verbose=args.verbose,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .local import run_local
+
+    jobs = load_jobs(args.filename)
+    if len(jobs) != 1:
+        raise SystemExit("error: ftjob run takes exactly one FineTuneJob")
+    try:
+        job = validate(jobs[0])
+    except InvalidSpec as e:
+        print(f"error: FineTuneJob {jobs[0].get('metadata', {}).get('name')!r} is invalid:", file=sys.stderr)
+        for err in e.errors:
+            print(f"  {err}", file=sys.stderr)
+        return 1
+    return run_local(
+        job,
+        workdir=Path(args.workdir),
+        max_procs=args.max_procs,
+        max_nodes=args.max_nodes,
+        output=Path(args.output) if args.output else None,
+        precision=args.precision,
+        quiet=args.quiet,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ftjob", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("render", help="print every object the operator would create for a job (no cluster)")
+    r.add_argument("-f", "--filename", required=True, help="FineTuneJob YAML ('-' for stdin)")
+    r.add_argument("-n", "--namespace", help="namespace to render into (default: the job's, else default)")
+    r.add_argument("--config", help="operator configuration file (images per profile)")
+    r.set_defaults(func=_render)
+
+    c = sub.add_parser("crd", help="print the CustomResourceDefinition")
+    c.set_defaults(func=_crd)
+
+    o = sub.add_parser("operator", help="run the operator (kopf) against the current kubeconfig")
+    o.add_argument("--namespace", action="append", help="watch only this namespace (repeatable)")
+    o.add_argument("--config", help="operator configuration file (images per profile)")
+    o.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
+    o.add_argument("--health-port", type=int, default=8081, help="/healthz port (0: off)")
+    o.add_argument("-v", "--verbose", action="store_true")
+    o.set_defaults(func=_operator)
+
+    u = sub.add_parser("run", help="run a job on this machine with torchrun or mpirun, as the pods would")
+    u.add_argument("-f", "--filename", required=True)
+    u.add_argument("--workdir", default="_out/run", help="holds output/ and cache/ (default: _out/run)")
+    u.add_argument("--output", help="output directory (default: WORKDIR/output/<output.path>)")
+    u.add_argument("--max-procs", type=int, default=None, help="cap processes per node")
+    u.add_argument("--max-nodes", type=int, default=None, help="cap nodes (each node is a local process group)")
+    u.add_argument("--precision", choices=["fp32", "bf16"], help="override training.precision")
+    u.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only the summary")
+    u.set_defaults(func=_run)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

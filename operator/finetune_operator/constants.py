@@ -1,0 +1,55 @@
+"""Names shared by the API, builders, reconcile and handlers. Each says who reads it."""
+
+from typing import Final
+
+# The CRD identity: read by the CRD generator, the kopf handlers, the API wrapper and `ftjob render`.
+GROUP: Final = "finetune.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "FineTuneJob"
+PLURAL: Final = "finetunejobs"
+SINGULAR: Final = "finetunejob"
+SHORT_NAMES: Final = ("ftj",)
+
+# Labels on every child. The operator selects its pods by MANAGED_BY + JOB_NAME; the chart's NetworkPolicy
+# selects by MANAGED_BY; Kueue reads QUEUE_NAME and POD_GROUP.
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+MANAGED_BY: Final = "finetune-operator"
+LABEL_JOB_NAME: Final = f"{GROUP}/job-name"
+LABEL_ROLE: Final = f"{GROUP}/role"  # rank | worker | launcher
+LABEL_RANK: Final = f"{GROUP}/rank"  # pod index among rank-holding pods
+LABEL_ATTEMPT: Final = f"{GROUP}/attempt"  # restartCount the pod was created for; older ones are torn down
+LABEL_KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
+LABEL_KUEUE_POD_GROUP: Final = "kueue.x-k8s.io/pod-group-name"
+ANNOTATION_KUEUE_POD_GROUP_COUNT: Final = "kueue.x-k8s.io/pod-group-total-count"
+
+# Roles of child pods (LABEL_ROLE values).
+ROLE_RANK: Final = "rank"  # torchrun pods: each runs torchrun for its node rank
+ROLE_WORKER: Final = "worker"  # MPI worker pods: sshd, ranks are spawned into them by mpirun
+ROLE_LAUNCHER: Final = "launcher"  # MPI launcher pod: runs mpirun
+
+# In-pod paths and ports: the contract with the runtime (docs/architecture.md).
+CONFIG_DIR: Final = "/etc/ftjob"
+CONFIG_FILE: Final = f"{CONFIG_DIR}/config.json"
+HOSTFILE: Final = f"{CONFIG_DIR}/hostfile"
+SSH_DIR: Final = f"{CONFIG_DIR}/ssh"
+CACHE_DIR: Final = "/cache"
+OUTPUT_DIR: Final = "/output"
+HOME_DIR: Final = "/home/ftjob"
+MASTER_PORT: Final = 29500  # torch.distributed rendezvous (torchrun --master-port)
+SSH_PORT: Final = 2222  # sshd of MPI workers; >1024 because the images run it as non-root
+NEURON_RT_COMM_PORT: Final = 46820  # NEURON_RT_ROOT_COMM_ID port on rank 0; reserved for the Neuron runtime
+PROGRESS_PREFIX: Final = "FTJOB_PROGRESS "  # runtime's structured progress lines (parsed by progress.py)
+
+# Container names: reconcile reads their statuses, tests assert on them.
+CONTAINER_TRAINER: Final = "trainer"
+CONTAINER_LAUNCHER: Final = "launcher"
+CONTAINER_SSHD: Final = "sshd"
+INIT_WAIT: Final = "wait-for-peers"
+INIT_PRECOMPILE: Final = "precompile"
+
+RUNTIME_CMD: Final = "ftjob-runtime"  # console script of the runtime package, present in every image

@@ -1,0 +1,256 @@
+"""Hardware profiles: versioned YAML data (one file per profile) and the rules derived from it."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from ..api.rules import Rule
+from ..api.schema import PROFILES
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    vcpus: int
+    memory_gib: int
+    devices: int = 0  # Neuron devices or GPUs
+    cores_per_device: int = 1  # NeuronCores per device
+    device_memory_gib: int = 0
+    sockets: int = 1
+    efa: int = 0
+
+    @property
+    def cores(self) -> int:
+        """Accelerator cores (NeuronCores) or GPUs exposed to pods."""
+        return self.devices * self.cores_per_device
+
+
+@dataclass(frozen=True)
+class Efa:
+    resource: str
+    env: dict[str, str]
+    hugepages_2mi: str | None = None
+
+
+@dataclass(frozen=True)
+class Threads:
+    threads_per_core: int
+    ccl_worker_count: int
+    tcmalloc: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    revision: str
+    description: str
+    backend: str
+    default_launcher: str
+    image: str
+    procs_per: str  # core | socket | device | one
+    run_as_user: int
+    reserved_vcpus: int
+    memory_fraction: float
+    instance_types: dict[str, InstanceType]
+    default_instance_type: str | None = None
+    device_resource: str | None = None
+    core_resource: str | None = None
+    placeable_device_counts: tuple[int, ...] = ()
+    multi_node_needs_efa: bool = False
+    guaranteed_qos: bool = False
+    tolerations: tuple[dict[str, Any], ...] = ()
+    node_selector: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    bf16_env: dict[str, str] = field(default_factory=dict)
+    multi_node_env: dict[str, str] = field(default_factory=dict)
+    efa: Efa | None = None
+    threads: Threads | None = None
+    default_resources: dict[str, str] = field(default_factory=dict)
+    default_mpi: str = "mpich"  # MPI implementation in the profile's image
+
+    def instance(self, name: str | None) -> InstanceType | None:
+        key = name or self.default_instance_type
+        return self.instance_types[key] if key else None
+
+    def max_procs(self, inst: InstanceType) -> int:
+        """Most processes one pod of this instance type can hold."""
+        if self.procs_per in ("core", "device"):
+            return inst.cores
+        return max(1, inst.vcpus // (self.threads.threads_per_core if self.threads else 1))
+
+    def placeable_procs(self, inst: InstanceType) -> list[int]:
+        """Process counts per pod the Neuron scheduler can place (empty: no restriction)."""
+        if self.procs_per != "core" or not self.placeable_device_counts:
+            return []
+        within_one = list(range(1, inst.cores_per_device + 1))
+        whole = [d * inst.cores_per_device for d in self.placeable_device_counts if 1 < d <= inst.devices]
+        return within_one + whole
+
+
+def _instance(name: str, raw: dict[str, Any]) -> InstanceType:
+    return InstanceType(
+        name=name,
+        vcpus=int(raw["vcpus"]),
+        memory_gib=int(raw["memoryGiB"]),
+        devices=int(raw.get("devices", 0)),
+        cores_per_device=int(raw.get("coresPerDevice", 1)),
+        device_memory_gib=int(raw.get("deviceMemoryGiB", 0)),
+        sockets=int(raw.get("sockets", 1)),
+        efa=int(raw.get("efa", 0)),
+    )
+
+
+def _parse(raw: dict[str, Any]) -> Profile:
+    efa = raw.get("efa")
+    threads = raw.get("threads")
+    return Profile(
+        name=raw["name"],
+        revision=str(raw["revision"]),
+        description=raw["description"],
+        backend=raw["backend"],
+        default_launcher=raw["defaultLauncher"],
+        image=raw["image"],
+        procs_per=raw["procsPer"],
+        run_as_user=int(raw["runAsUser"]),
+        reserved_vcpus=int(raw["reservedVcpus"]),
+        memory_fraction=float(raw["memoryFraction"]),
+        instance_types={k: _instance(k, v) for k, v in (raw.get("instanceTypes") or {}).items()},
+        default_instance_type=raw.get("defaultInstanceType"),
+        device_resource=raw.get("deviceResource"),
+        core_resource=raw.get("coreResource"),
+        placeable_device_counts=tuple(raw.get("placeableDeviceCounts") or ()),
+        multi_node_needs_efa=bool(raw.get("multiNodeNeedsEfa", False)),
+        guaranteed_qos=bool(raw.get("guaranteedQos", False)),
+        tolerations=tuple(raw.get("tolerations") or ()),
+        node_selector={k: str(v) for k, v in (raw.get("nodeSelector") or {}).items()},
+        env={k: str(v) for k, v in (raw.get("env") or {}).items()},
+        bf16_env={k: str(v) for k, v in (raw.get("bf16Env") or {}).items()},
+        multi_node_env={k: str(v) for k, v in (raw.get("multiNodeEnv") or {}).items()},
+        efa=Efa(efa["resource"], {k: str(v) for k, v in (efa.get("env") or {}).items()}, efa.get("hugepages2Mi"))
+        if efa
+        else None,
+        threads=Threads(int(threads["threadsPerCore"]), int(threads["cclWorkerCount"]), threads.get("tcmalloc"))
+        if threads
+        else None,
+        default_resources={k: str(v) for k, v in (raw.get("defaultResources") or {}).items()},
+        default_mpi=raw.get("defaultMpi", "mpich"),
+    )
+
+
+@functools.cache
+def load_all() -> dict[str, Profile]:
+    """Every profile shipped with the package, by name."""
+    out: dict[str, Profile] = {}
+    for name in PROFILES:
+        text = resources.files(__package__).joinpath(f"{name}.yaml").read_text(encoding="utf-8")
+        out[name] = _parse(yaml.safe_load(text))
+    return out
+
+
+def get(name: str) -> Profile:
+    return load_all()[name]
+
+
+def default_mpi_profiles() -> tuple[str, ...]:
+    return tuple(p.name for p in load_all().values() if p.default_launcher == "mpi")
+
+
+def _cel_list(items: list[Any]) -> str:
+    return "[" + ", ".join(f"'{i}'" if isinstance(i, str) else str(i) for i in items) + "]"
+
+
+def _cel_map(m: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"'{k}': {v}" for k, v in m.items()) + "}"
+
+
+def profile_rules() -> list[Rule]:
+    """Rules generated from the profile data, so a new instance type needs no code change."""
+    profiles = load_all()
+    by_profile = {p.name: sorted(p.instance_types) for p in profiles.values()}
+    max_procs = {
+        f"{p.name}/{i.name}": p.max_procs(i) for p in profiles.values() for i in p.instance_types.values()
+    }
+    placeable = {
+        f"{p.name}/{i.name}": p.placeable_procs(i)
+        for p in profiles.values()
+        for i in p.instance_types.values()
+        if p.placeable_procs(i)
+    }
+    single_node_only = sorted(
+        f"{p.name}/{i.name}"
+        for p in profiles.values()
+        for i in p.instance_types.values()
+        if p.multi_node_needs_efa and i.efa == 0
+    )
+    neuron = [p.name for p in profiles.values() if p.backend == "neuron"]
+    defaults = {p.name: p.default_instance_type for p in profiles.values() if p.default_instance_type}
+
+    def itype(h: dict[str, Any]) -> str | None:
+        t = h.get("instanceType") or defaults.get(h.get("profile", ""))
+        return f"{h.get('profile')}/{t}" if t else None
+
+    # CEL: the effective instance type key "profile/type", with the profile's default when absent.
+    key_cel = (
+        "(has(self.instanceType) ? self.profile + '/' + self.instanceType : "
+        f"(self.profile in {_cel_map({k: repr(v) for k, v in defaults.items()})} ? "
+        f"self.profile + '/' + {_cel_map({k: repr(v) for k, v in defaults.items()})}[self.profile] : ''))"
+    )
+    table = "\n".join(f"  {p}: {', '.join(t)}" for p, t in by_profile.items())
+    return [
+        Rule(
+            "instance-type-known",
+            "spec.hardware",
+            f"!has(self.instanceType) || self.instanceType in {_cel_map({k: _cel_list(v) for k, v in by_profile.items()})}"
+            "[self.profile]",
+            ".instanceType",
+            "spec.hardware.instanceType is not an instance type of this profile; use one of:\n" + table,
+            lambda h: "instanceType" not in h or h["instanceType"] in by_profile.get(h.get("profile", ""), []),
+        ),
+        Rule(
+            "procs-fit-instance",
+            "spec.hardware",
+            f"!has(self.procsPerNode) || !({key_cel} in {_cel_map(max_procs)}) || "
+            f"self.procsPerNode <= {_cel_map(max_procs)}[{key_cel}]",
+            ".procsPerNode",
+            "spec.hardware.procsPerNode exceeds what one node of spec.hardware.instanceType holds (NeuronCores, "
+            "GPUs or cores); lower it or pick a larger instance type",
+            lambda h: "procsPerNode" not in h
+            or (itype(h) not in max_procs)
+            or h["procsPerNode"] <= max_procs[str(itype(h))],
+        ),
+        Rule(
+            "neuron-placeable",
+            "spec.hardware",
+            f"!has(self.procsPerNode) || !({key_cel} in {_cel_map({k: _cel_list(v) for k, v in placeable.items()})})"
+            f" || self.procsPerNode in {_cel_map({k: _cel_list(v) for k, v in placeable.items()})}[{key_cel}]",
+            ".procsPerNode",
+            "the Neuron scheduler places only 1, 4, 8 or 16 trn1 devices per pod (or 1-2 NeuronCores of one device);"
+            " set spec.hardware.procsPerNode to 1, 2, 8, 16 or 32",
+            lambda h: "procsPerNode" not in h
+            or itype(h) not in placeable
+            or h["procsPerNode"] in placeable[str(itype(h))],
+        ),
+        Rule(
+            "multi-node-needs-efa",
+            "spec.hardware",
+            f"self.nodes == 1 || !({key_cel} in {_cel_list(single_node_only)})",
+            ".nodes",
+            "this instance type has no EFA, which Neuron collectives between nodes need; use nodes: 1 or an "
+            "EFA instance type such as trn1.32xlarge",
+            lambda h: h.get("nodes", 1) == 1 or itype(h) not in single_node_only,
+        ),
+        Rule(
+            "cache-url-neuron-only",
+            "spec",
+            f"!has(self.compileCache) || !has(self.compileCache.url) || self.hardware.profile in {_cel_list(neuron)}",
+            ".compileCache.url",
+            "spec.compileCache.url is the Neuron compile cache (NEURON_COMPILE_CACHE_URL); on this profile use "
+            "spec.compileCache.claimName",
+            lambda s: "url" not in (s.get("compileCache") or {}) or s.get("hardware", {}).get("profile") in neuron,
+        ),
+    ]
