@@ -1,0 +1,31 @@
+#!/bin/sh
+# Installs the shared runtime wheel (/wheels, from build-runtime-wheel.sh) into the image's venv without touching
+# its dependencies: each image pins its own torch/transformers stack, so pulling the runtime's open-ended
+# requirements here could silently swap a vendor build (torch-neuronx's torch, IPEX's torch) for a PyPI one.
+# Instead we fail the build when the pinned stack does not satisfy what the runtime declares.
+set -eu
+VENV=${VENV:-/opt/venv}
+/opt/tools/bin/uv pip install --python "$VENV/bin/python" --no-deps --no-cache /wheels/finetune_runtime-*.whl
+"$VENV/bin/python" - <<'PY'
+import importlib.metadata as md
+import sys
+
+from packaging.requirements import Requirement
+
+problems = []
+for spec in md.requires("finetune-runtime") or []:
+    req = Requirement(spec)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    try:
+        have = md.version(req.name)
+    except md.PackageNotFoundError:
+        problems.append(f"{req.name}: missing (runtime wants {req})")
+        continue
+    if req.specifier and not req.specifier.contains(have, prereleases=True):
+        problems.append(f"{req.name}: {have} does not satisfy {req}")
+if problems:
+    sys.exit("the image's pinned stack does not satisfy finetune-runtime:\n  " + "\n  ".join(problems))
+print("finetune-runtime", md.version("finetune-runtime"), "installed; requirements satisfied")
+PY
+test -x "$VENV/bin/ftjob-runtime"

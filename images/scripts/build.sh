@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds one image: images/scripts/build.sh FLAVOR [extra docker build args...]
+#   FLAVOR: cpu | nvidia | xeon | xeon-upstream | neuron
+# Environment:
+#   IMAGE_TAG        tag (default dev); the image is ftjob/FLAVOR:IMAGE_TAG
+#   BASE_IMAGE       base image; when unset and no registry is reachable, a debootstrap'ed Debian base is built
+#                    once (base-image.sh) and used (Debian-based flavors only)
+#   TORCH_INDEX_URL  passed through to flavors that take it
+#   CA_BUNDLE        extra CA bundle for TLS-intercepting proxies, passed as a BuildKit secret (default: the
+#                    host's bundle when it exists); it is never stored in the image
+#   OFFLINE          1 = never try a registry (default: probe registry-1.docker.io)
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+DOCKER=${DOCKER:-/usr/bin/docker}
+flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron [docker build args...]}
+shift
+tag=${IMAGE_TAG:-dev}
+
+dockerfile=images/$flavor/Dockerfile
+target=()
+case "$flavor" in
+  cpu|nvidia|neuron) ;;
+  xeon) target=(--target ipex) ;;
+  xeon-upstream) dockerfile=images/xeon/Dockerfile; target=(--target upstream) ;;
+  *) echo "unknown flavor $flavor" >&2; exit 2 ;;
+esac
+
+args=()
+if [ -z "${BASE_IMAGE:-}" ]; then
+  offline=${OFFLINE:-}
+  if [ -z "$offline" ]; then
+    # A registry answers 401 to an anonymous /v2/ probe; no answer at all means offline.
+    if curl -s -o /dev/null --max-time 5 https://registry-1.docker.io/v2/; then offline=0; else offline=1; fi
+  fi
+  if [ "$offline" = 1 ]; then
+    case "$flavor" in
+      neuron) echo "neuron needs an Ubuntu 24.04 base: set BASE_IMAGE (no registry reachable)" >&2; exit 2 ;;
+      *) "$here/base-image.sh" ftjob/debian:bookworm; BASE_IMAGE=ftjob/debian:bookworm ;;
+    esac
+  fi
+fi
+[ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
+[ -n "${TORCH_INDEX_URL:-}" ] && args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
+ca=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+[ -s "$ca" ] && args+=(--secret "id=ca,src=$ca")
+rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+args+=(--build-arg "FTJOB_VERSION=$tag" --build-arg "VCS_REF=$rev")
+
+cd "$root"
+start=$SECONDS
+DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$dockerfile" "${target[@]}" "${args[@]}" \
+  -t "ftjob/$flavor:$tag" "$@" .
+echo "built ftjob/$flavor:$tag in $((SECONDS - start))s"
