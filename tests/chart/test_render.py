@@ -25,7 +25,14 @@ CRD_READ: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
 }
 NAMESPACES_WATCH: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
-PROFILES = ("trn1", "trn2", "xeon-amx", "cpu", "nvidia")
+# The same images the operator's profiles name (operator/finetune_operator/profiles/*.yaml, `image:`).
+DEFAULT_IMAGES = {
+    "trn1": "finetune-operator/neuron:0.1.0",
+    "trn2": "finetune-operator/neuron:0.1.0",
+    "xeon-amx": "finetune-operator/xeon:0.1.0",
+    "cpu": "finetune-operator/cpu:0.1.0",
+    "nvidia": "finetune-operator/nvidia:0.1.0",
+}
 
 
 def verbs_of(role: Manifest) -> dict[tuple[str, str], set[str]]:
@@ -128,15 +135,7 @@ def test_deployment_runs_one_standalone_operator(render: Renderer) -> None:
 
 
 def test_config_map_holds_default_images_per_profile(render: Renderer) -> None:
-    assert operator_config(render()) == {
-        "images": {
-            "trn1": "finetune-operator/runtime-neuron:0.1.0",
-            "trn2": "finetune-operator/runtime-neuron:0.1.0",
-            "xeon-amx": "finetune-operator/runtime-xeon:0.1.0",
-            "cpu": "finetune-operator/runtime-cpu:0.1.0",
-            "nvidia": "finetune-operator/runtime-nvidia:0.1.0",
-        }
-    }
+    assert operator_config(render()) == {"images": DEFAULT_IMAGES}
 
 
 def test_runtime_images_keep_explicit_tags_and_digests(render: Renderer) -> None:
@@ -158,7 +157,7 @@ def test_runtime_images_keep_explicit_tags_and_digests(render: Renderer) -> None
     assert images["cpu"] == f"localhost:5000/ft/cpu@{digest}"
     # A registry port is not a tag: the shared tag is still appended.
     assert images["nvidia"] == "localhost:5000/ft/nvidia:2026.12"
-    assert images["trn2"] == "finetune-operator/runtime-neuron:2026.12"
+    assert images["trn2"] == "finetune-operator/neuron:2026.12"
 
 
 def test_config_change_rolls_the_operator_pod(render: Renderer) -> None:
@@ -344,5 +343,5 @@ def test_notes_name_the_mode_and_the_namespaces(helm: str) -> None:
     assert "Mode: namespaced. FineTuneJobs are handled only in: team-a, team-b." in notes
     assert "kubectl -n ops rollout status deployment/finetune-operator" in notes
     assert 'Compile cache claim "finetune-cache" (efs-sc, 200Gi) in: team-a, team-b.' in notes
-    for profile in PROFILES:
-        assert f"  {profile}: finetune-operator/runtime-" in notes
+    for profile, image in DEFAULT_IMAGES.items():
+        assert f"  {profile}: {image}\n" in notes
