@@ -1,0 +1,216 @@
+"""kopf wiring only. One daemon per FineTuneJob runs the level-triggered loop: read the job and its children,
+`reconcile()`, apply the plan, sleep until a watch event on the job or one of its pods wakes it (or a timer
+fires for deadlines, TTLs and progress refreshes)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from . import constants as c
+from . import profiles, progress
+from .admission import validate
+from .api.validation import InvalidSpec
+from .k8s import ForeignObject, Kube
+from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, start_metrics_server
+from .reconcile import Observed, Plan, iso, reconcile, set_condition
+from .sshkeys import generate_keys
+
+log = logging.getLogger("finetune_operator")
+
+IDLE_REQUEUE_S = 30.0  # a running job is looked at least this often (progress refresh <= 30 s)
+PROGRESS_EVERY_S = 10.0
+ERROR_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+_config: dict[str, Any] = {}
+_wakers: dict[tuple[str, str], asyncio.Event] = {}
+_progress_read_at: dict[tuple[str, str], float] = {}
+
+
+def _wake(namespace: str | None, name: str | None) -> None:
+    ev = _wakers.get((namespace or "", name or ""))
+    if ev is not None:
+        ev.set()
+
+
+@kopf.on.startup()
+def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=c.GROUP, key="last-handled-configuration"
+    )
+    settings.posting.enabled = False  # we post our own events with reasons of our own
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+
+
+@kopf.on.event("pods", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})
+def _pod_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
+    _wake(namespace, labels.get(c.LABEL_JOB_NAME))
+
+
+@kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
+def _job_event(name: str, namespace: str, **_: Any) -> None:
+    _wake(namespace, name)
+
+
+def _launcher(job: dict[str, Any]) -> str:
+    return str(job["spec"].get("launcher") or profiles.get(job["spec"]["hardware"]["profile"]).default_launcher)
+
+
+def _rank0_log_source(job: dict[str, Any]) -> tuple[str, str]:
+    """(pod, container) whose stdout carries global rank 0's progress lines."""
+    name = job["metadata"]["name"]
+    phase = (job.get("status") or {}).get("phase")
+    if _launcher(job) == "mpi":
+        return f"{name}-launcher", c.INIT_PRECOMPILE if phase == "Precompiling" else c.CONTAINER_LAUNCHER
+    return f"{name}-rank-0", c.INIT_PRECOMPILE if phase == "Precompiling" else c.CONTAINER_TRAINER
+
+
+def reconcile_once(kube: Kube, namespace: str, name: str) -> float:
+    """One pass for one job. Returns seconds until the next pass unless something wakes it earlier."""
+    raw = kube.get_job(namespace, name)
+    if raw is None or raw["metadata"].get("deletionTimestamp"):
+        return IDLE_REQUEUE_S
+    old_status = dict(raw.get("status") or {})
+    now = datetime.now(UTC).replace(tzinfo=None)
+    try:
+        job = validate(raw)
+    except InvalidSpec as e:
+        # Admission normally rejects these; a job stored before a CRD upgrade can still be invalid.
+        status = dict(old_status)
+        if status.get("phase") != "Failed":
+            msg = "invalid spec: " + "; ".join(str(x) for x in e.errors)
+            status.update(phase="Failed", reason="InvalidSpec", message=msg, completionTime=iso(now))
+            set_condition(status, "Failed", True, "InvalidSpec", msg, now)
+            kube.event(raw, "Warning", "InvalidSpec", msg)
+            kube.patch_status(namespace, name, old_status, status)
+        return IDLE_REQUEUE_S
+    job["status"] = raw.get("status") or {}
+
+    pods, objects = kube.list_children(namespace, name)
+    prog = None
+    phase = old_status.get("phase")
+    key = (namespace, name)
+    if phase in ("Running", "Precompiling") and time.monotonic() - _progress_read_at.get(key, 0) >= PROGRESS_EVERY_S:
+        text = kube.log_tail(namespace, *_rank0_log_source(job))
+        _progress_read_at[key] = time.monotonic()
+        if text:
+            prog = progress.from_text(text, old_status.get("progress"))
+    # Cheap (one ed25519 pair); only used when the job's immutable Secret does not exist yet.
+    keys = generate_keys(name) if _launcher(job) == "mpi" else None
+    plan = reconcile(job, Observed(pods, objects, now, prog, keys), images=_config.get("images"))
+    apply(kube, job, old_status, plan)
+    RECONCILES.inc()
+    if plan.delete_job:
+        return IDLE_REQUEUE_S
+    wait = IDLE_REQUEUE_S
+    if plan.status.get("phase") in ("Running", "Precompiling"):
+        wait = PROGRESS_EVERY_S
+    if plan.requeue_after is not None:
+        wait = min(wait, max(0.5, plan.requeue_after))
+    return wait
+
+
+def apply(kube: Kube, job: dict[str, Any], old_status: dict[str, Any], plan: Plan) -> None:
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    if plan.delete_job:
+        kube.event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished elapsed: deleting the job and its children")
+        kube.delete_job(ns, name)
+        return
+    for pod in plan.delete_pods:
+        kube.delete_pod(ns, pod)
+    for obj in plan.create:
+        obj["metadata"]["ownerReferences"][0]["uid"] = job["metadata"]["uid"]
+        kube.create(obj)
+    kube.patch_status(ns, name, old_status, plan.status)
+    for etype, reason, message in plan.events:
+        kube.event(job, etype, reason, message)
+    for _, reason, _ in plan.events:
+        TRANSITIONS.labels(phase=plan.status.get("phase", "Pending"), reason=reason).inc()
+
+
+def _record_error(kube: Kube, namespace: str, name: str, err: Exception) -> None:
+    """A reconcile error shows in the job's status, not only in the operator's log."""
+    RECONCILE_ERRORS.inc()
+    raw = kube.get_job(namespace, name)
+    if raw is None:
+        return
+    old = dict(raw.get("status") or {})
+    new = dict(old)
+    msg = f"reconcile error: {err}"
+    new["message"] = msg[:2000]
+    now = datetime.now(UTC).replace(tzinfo=None)
+    set_condition(new, "ReconcileError", True, type(err).__name__, msg[:2000], now)
+    kube.patch_status(namespace, name, old, new)
+    kube.event(raw, "Warning", "ReconcileError", msg)
+
+
+@kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, cancellation_timeout=10.0)
+async def job_daemon(name: str, namespace: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    key = (namespace, name)
+    wake = _wakers.setdefault(key, asyncio.Event())
+    kube = Kube()
+    loop = asyncio.get_running_loop()
+    failures = 0
+    try:
+        while not stopped:
+            wake.clear()
+            try:
+                wait = await loop.run_in_executor(None, reconcile_once, kube, namespace, name)
+                if failures:
+                    await loop.run_in_executor(None, _clear_error, kube, namespace, name)
+                failures = 0
+            except Exception as e:
+                log.exception("reconcile of %s/%s failed", namespace, name)
+                delay = ERROR_BACKOFF_S[min(failures, len(ERROR_BACKOFF_S) - 1)]
+                failures += 1
+                wait = delay
+                try:
+                    await loop.run_in_executor(None, _record_error, kube, namespace, name, e)
+                except Exception:
+                    log.exception("could not record the error in %s/%s status", namespace, name)
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=wait)
+            except TimeoutError:
+                pass
+    finally:
+        _wakers.pop(key, None)
+        _progress_read_at.pop(key, None)
+
+
+def _clear_error(kube: Kube, namespace: str, name: str) -> None:
+    raw = kube.get_job(namespace, name)
+    if raw is None:
+        return
+    old = dict(raw.get("status") or {})
+    new = dict(old)
+    now = datetime.now(UTC).replace(tzinfo=None)
+    set_condition(new, "ReconcileError", False, "Recovered", "reconciled successfully", now)
+    kube.patch_status(namespace, name, old, new)
+
+
+def run_operator(
+    *, namespaces: list[str], config: dict[str, Any], metrics_port: int, health_port: int, verbose: bool
+) -> int:
+    _config.clear()
+    _config.update(config)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if metrics_port:
+        start_metrics_server(metrics_port)
+    kopf.configure(verbose=verbose)
+    kopf.run(
+        standalone=True,
+        namespaces=namespaces or None,
+        clusterwide=not namespaces,
+        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+    )
+    return 0
+
+
+__all__ = ["ForeignObject", "job_daemon", "reconcile_once", "run_operator"]

@@ -1,0 +1,165 @@
+"""The only module that talks to the Kubernetes API. One written policy for absence and conflict:
+
+| call            | 404 (absent)                     | 409 (exists / conflict)                                   |
+|-----------------|----------------------------------|-----------------------------------------------------------|
+| create child    | namespace gone: error            | read it back; ours (same controller uid) -> fine; else error |
+| delete pod      | already gone: fine               | -                                                          |
+| delete job      | already gone: fine               | -                                                          |
+| patch status    | job deleted meanwhile: ignored   | -                                                          |
+| read pod log    | pod gone / not started: None     | -                                                          |
+| post event      | errors are logged, never raised  |                                                            |
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .constants import GROUP, LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+
+class ForeignObject(RuntimeError):
+    """A child's deterministic name is taken by an object this job does not control."""
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient | None = None):
+        self.api = api or client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    # -- children -------------------------------------------------------------------------------------------
+    def _create_call(self, kind: str, ns: str, body: dict[str, Any]) -> Any:
+        if kind == "Pod":
+            return self.core.create_namespaced_pod(ns, body)
+        if kind == "Service":
+            return self.core.create_namespaced_service(ns, body)
+        if kind == "ConfigMap":
+            return self.core.create_namespaced_config_map(ns, body)
+        if kind == "Secret":
+            return self.core.create_namespaced_secret(ns, body)
+        raise ValueError(f"unsupported kind {kind}")
+
+    def _read(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        reader = {
+            "Pod": self.core.read_namespaced_pod,
+            "Service": self.core.read_namespaced_service,
+            "ConfigMap": self.core.read_namespaced_config_map,
+            "Secret": self.core.read_namespaced_secret,
+        }[kind]
+        obj: dict[str, Any] = self.api.sanitize_for_serialization(reader(name, ns))
+        return obj
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        """Create a child; True if created, False if it already existed and is ours."""
+        kind, meta = obj["kind"], obj["metadata"]
+        try:
+            self._create_call(kind, meta["namespace"], obj)
+            return True
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        existing = self._read(kind, meta["namespace"], meta["name"])
+        want = {r["uid"] for r in meta.get("ownerReferences", []) if r.get("controller")}
+        have = {r["uid"] for r in existing["metadata"].get("ownerReferences") or [] if r.get("controller")}
+        if want and want & have:
+            return False
+        raise ForeignObject(
+            f"{kind} {meta['namespace']}/{meta['name']} exists but is not controlled by this FineTuneJob; "
+            f"delete it or rename the job"
+        )
+
+    def delete_pod(self, ns: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, ns, grace_period_seconds=30)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def list_children(self, ns: str, job: str) -> tuple[list[dict[str, Any]], frozenset[str]]:
+        """Pods of the job, and "Kind/name" of its other children."""
+        sel = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB_NAME}={job}"
+        pods = [self.api.sanitize_for_serialization(p) for p in self.core.list_namespaced_pod(ns, label_selector=sel).items]
+        names = set()
+        for kind, lister in (
+            ("Service", self.core.list_namespaced_service),
+            ("ConfigMap", self.core.list_namespaced_config_map),
+            ("Secret", self.core.list_namespaced_secret),
+        ):
+            names |= {f"{kind}/{o.metadata.name}" for o in lister(ns, label_selector=sel).items}
+        return pods, frozenset(names)
+
+    def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None:
+        try:
+            text: str = self.core.read_namespaced_pod_log(pod, ns, container=container, tail_lines=lines)
+            return text
+        except ApiException as e:
+            if e.status in (400, 404):  # container not started yet, or pod gone
+                return None
+            raise
+
+    # -- the job ----------------------------------------------------------------------------------------------
+    def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+            return obj
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """Merge-patch the status subresource; keys that disappeared are sent as null."""
+        patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+        patch.update({k: None for k in old if k not in new})
+        if not patch:
+            return
+        try:
+            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name, {"status": patch})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def delete_job(self, ns: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, name, body=client.V1DeleteOptions(propagation_policy="Background")
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        meta = job["metadata"]
+        now = datetime.now(UTC)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": job["apiVersion"],
+                "kind": job["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": etype,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "finetune-operator"},
+            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "count": 1,
+            "reportingComponent": "finetune-operator",
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], body)
+        except ApiException as e:  # events are best effort: never fail a reconcile on them
+            log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)

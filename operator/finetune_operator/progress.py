@@ -1,0 +1,76 @@
+"""The runtime's FTJOB_PROGRESS lines -> status.progress (and the Progress column of `kubectl get ftj`).
+
+Used by the operator (on rank 0's log tail) and by `ftjob run` (on the local stdout) alike.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .constants import PROGRESS_PREFIX
+
+_KEEP = ("event", "step", "totalSteps", "epoch", "loss", "samplesPerSecond", "etaSeconds", "learningRate", "time")
+
+
+def parse_line(line: str) -> dict[str, Any] | None:
+    """One progress record, or None for any other line (torchrun/mpirun prefix lines with '[rank]: ' etc.)."""
+    idx = line.find(PROGRESS_PREFIX)
+    if idx < 0:
+        return None
+    try:
+        data = json.loads(line[idx + len(PROGRESS_PREFIX) :].strip())
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def fold(records: list[dict[str, Any]], previous: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Latest state from a sequence of records: newest step counters, newest eval metrics kept alongside."""
+    state = dict(previous or {})
+    seen = False
+    for rec in records:
+        seen = True
+        for k in _KEEP:
+            if k in rec and rec[k] is not None:
+                state[k] = rec[k]
+        if rec.get("metrics"):
+            state["metrics"] = rec["metrics"]
+    if not seen:
+        return previous
+    state["summary"] = summarize(state)
+    return state
+
+
+def from_text(text: str, previous: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    return fold([r for r in (parse_line(x) for x in text.splitlines()) if r is not None], previous)
+
+
+def _duration(seconds: float) -> str:
+    s = int(max(0, seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def summarize(p: dict[str, Any]) -> str:
+    """Short text for the printer column, e.g. '120/500 (24%) loss 0.41 ETA 1m36s'."""
+    event = p.get("event")
+    step, total = p.get("step"), p.get("totalSteps")
+    parts: list[str] = []
+    if event == "precompile":
+        parts.append("precompiling")
+    if isinstance(step, int) and isinstance(total, int) and total > 0:
+        parts.append(f"{step}/{total} ({100 * step // total}%)")
+    if isinstance(p.get("loss"), int | float) and event != "done":
+        parts.append(f"loss {p['loss']:.3g}")
+    metrics = p.get("metrics") or {}
+    for key in ("accuracy", "f1", "exact_match"):
+        if isinstance(metrics.get(key), int | float):
+            parts.append(f"{key} {metrics[key]:.3g}")
+            break
+    if event == "done":
+        parts.append("done")
+    elif isinstance(p.get("etaSeconds"), int | float):
+        parts.append(f"ETA {_duration(p['etaSeconds'])}")
+    return " ".join(parts)
