@@ -1,0 +1,186 @@
+"""The job config (`$FTJOB_CONFIG`): camelCase JSON as in the FineTuneJob CRD, parsed into typed dataclasses.
+
+The operator applies CRD defaults before writing config.json; the defaults here repeat them so that a config
+written by hand (tests, `ftjob run`, examples/jobs) behaves the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TEXT_CLASSIFICATION = "text-classification"
+QUESTION_ANSWERING = "question-answering"
+TASK_TYPES = (TEXT_CLASSIFICATION, QUESTION_ANSWERING)
+
+
+class ConfigError(ValueError):
+    """The config is missing something the runtime needs; the message names the key."""
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str | None = None
+    config: str | None = None
+    path: str | None = None
+    train_split: str = "train"
+    eval_split: str | None = "validation"
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    label_map: dict[str, int] | None = None
+    train_samples: int | None = None
+    eval_samples: int | None = None
+    question_column: str = "question"
+    context_column: str = "context"
+    answers_column: str = "answers"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DatasetConfig:
+        if not d.get("name") and not d.get("path"):
+            raise ConfigError("task.dataset needs either 'name' (hub dataset) or 'path' (local file/dir)")
+        label_map = d.get("labelMap")
+        return cls(
+            name=d.get("name"),
+            config=d.get("config"),
+            path=d.get("path"),
+            train_split=d.get("trainSplit") or "train",
+            eval_split=d.get("evalSplit", "validation"),
+            text_column=d.get("textColumn") or "text",
+            text_pair_column=d.get("textPairColumn"),
+            label_column=d.get("labelColumn") or "label",
+            # JSON object keys are strings anyway; normalising here makes `3` and "3" the same key.
+            label_map={str(k): int(v) for k, v in label_map.items()} if label_map else None,
+            train_samples=_opt_int(d.get("trainSamples")),
+            eval_samples=_opt_int(d.get("evalSamples")),
+            question_column=d.get("questionColumn") or "question",
+            context_column=d.get("contextColumn") or "context",
+            answers_column=d.get("answersColumn") or "answers",
+        )
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    type: str
+    model: str
+    dataset: DatasetConfig
+    tokenizer: str | None = None
+    max_length: int = 128
+    doc_stride: int = 128
+    labels: list[str] | None = None
+    inference_samples: list[Any] | None = None
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.tokenizer or self.model
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TaskConfig:
+        ttype = d.get("type")
+        if ttype not in TASK_TYPES:
+            raise ConfigError(f"task.type must be one of {', '.join(TASK_TYPES)}, got {ttype!r}")
+        if not d.get("model"):
+            raise ConfigError("task.model is required (hub name or local directory)")
+        if "dataset" not in d or not isinstance(d["dataset"], dict):
+            raise ConfigError("task.dataset is required")
+        return cls(
+            type=ttype,
+            model=d["model"],
+            tokenizer=d.get("tokenizer"),
+            max_length=int(d.get("maxLength") or 128),
+            doc_stride=int(d.get("docStride") or 128),
+            labels=list(d["labels"]) if d.get("labels") else None,
+            inference_samples=list(d["inferenceSamples"]) if d.get("inferenceSamples") else None,
+            dataset=DatasetConfig.from_dict(d["dataset"]),
+        )
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    epochs: float = 3.0
+    max_steps: int | None = None
+    learning_rate: float = 5e-5
+    batch_size_per_device: int = 8
+    gradient_accumulation_steps: int = 1
+    precision: str = "fp32"
+    seed: int = 42
+    checkpoint_every_steps: int = 500
+    log_every_steps: int = 10
+    eval_every_steps: int | None = None
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    compile: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainingConfig:
+        precision = d.get("precision") or "fp32"
+        if precision not in ("fp32", "bf16"):
+            raise ConfigError(f"training.precision must be fp32 or bf16, got {precision!r}")
+        return cls(
+            epochs=float(d.get("epochs", 3.0)),
+            max_steps=_opt_int(d.get("maxSteps")),
+            learning_rate=float(d.get("learningRate", 5e-5)),
+            batch_size_per_device=int(d.get("batchSizePerDevice") or 8),
+            gradient_accumulation_steps=int(d.get("gradientAccumulationSteps") or 1),
+            precision=precision,
+            seed=int(d.get("seed", 42)),
+            checkpoint_every_steps=int(d.get("checkpointEverySteps") or 500),
+            log_every_steps=int(d.get("logEverySteps") or 10),
+            eval_every_steps=_opt_int(d.get("evalEverySteps")),
+            warmup_ratio=float(d.get("warmupRatio") or 0.0),
+            weight_decay=float(d.get("weightDecay") or 0.0),
+            compile=bool(d.get("compile", False)),
+        )
+
+
+@dataclass(frozen=True)
+class CompileCacheConfig:
+    precompile: bool = False
+    precompile_steps: int = 16
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CompileCacheConfig:
+        # url/claimName are the operator's business: the pod sees them as FTJOB_CACHE_DIR / NEURON_COMPILE_CACHE_URL.
+        return cls(precompile=bool(d.get("precompile", False)),
+                   precompile_steps=int(d.get("precompileSteps") or 16))
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    job_name: str
+    namespace: str
+    task: TaskConfig | None
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    compile_cache: CompileCacheConfig = field(default_factory=CompileCacheConfig)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobConfig:
+        task = d.get("task")
+        return cls(
+            job_name=str(d.get("jobName") or "ftjob"),
+            namespace=str(d.get("namespace") or "default"),
+            task=TaskConfig.from_dict(task) if task else None,
+            training=TrainingConfig.from_dict(d.get("training") or {}),
+            compile_cache=CompileCacheConfig.from_dict(d.get("compileCache") or {}),
+        )
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> JobConfig:
+    """Read `$FTJOB_CONFIG` (or `path`). Relative dataset/model paths stay relative to the working directory."""
+    p = path or os.environ.get("FTJOB_CONFIG")
+    if not p:
+        raise ConfigError("FTJOB_CONFIG is not set (path of the job's config.json)")
+    try:
+        raw = json.loads(Path(p).read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file {p} does not exist") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config file {p} is not valid JSON: {e}") from e
+    return JobConfig.from_dict(raw)
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
