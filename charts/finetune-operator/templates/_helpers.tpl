@@ -101,11 +101,13 @@ What the operator does in a namespace that holds FineTuneJobs. Bound cluster-wid
 through one Role per watched namespace. Every verb is used by the operator; nothing more is granted.
 */}}
 {{- define "finetune-operator.namespacedRules" -}}
-# FineTuneJobs: kopf lists and watches them, reads one back after a conflict, and patches metadata
-# (its finalizer and last-handled-configuration annotation). The operator never creates or deletes them.
+# FineTuneJobs: kopf lists and watches them and patches metadata (its finalizer and the
+# last-handled-configuration and progress annotations); the reconcile loop gets one fresh before each
+# pass; delete removes a finished job once runPolicy.ttlSecondsAfterFinished has elapsed. The operator
+# never creates or updates them.
 - apiGroups: ["finetune.dev"]
   resources: ["finetunejobs"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # Status subresource: phase, conditions and progress are written by merge patch, or replaced whole by
 # update; get reads it back after a 409 before deciding whether to retry.
 - apiGroups: ["finetune.dev"]
