@@ -18,11 +18,11 @@ shift
 tag=${IMAGE_TAG:-dev}
 
 dockerfile=images/$flavor/Dockerfile
-target=()
+stack=()
 case "$flavor" in
   cpu|nvidia|neuron) ;;
-  xeon) target=(--target ipex) ;;
-  xeon-upstream) dockerfile=images/xeon/Dockerfile; target=(--target upstream) ;;
+  xeon) stack=(--build-arg XEON_STACK=ipex) ;;
+  xeon-upstream) dockerfile=images/xeon/Dockerfile; stack=(--build-arg XEON_STACK=upstream) ;;
   *) echo "unknown flavor $flavor" >&2; exit 2 ;;
 esac
 
@@ -40,15 +40,23 @@ if [ -z "${BASE_IMAGE:-}" ]; then
     esac
   fi
 fi
-[ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
-[ -n "${TORCH_INDEX_URL:-}" ] && args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
+if [ -n "${BASE_IMAGE:-}" ]; then args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE"); fi
+# Flavors whose default torch index is the PyTorch CPU index fall back to PyPI when that index is unreachable
+# (machines that reach only PyPI): PyPI's torch is the CUDA build, larger but it runs on CPU.
+if [ -z "${TORCH_INDEX_URL:-}" ] && [ "$flavor" != nvidia ]; then
+  if ! curl -fs -o /dev/null --max-time 10 https://download.pytorch.org/whl/cpu/torch/; then
+    echo "download.pytorch.org unreachable: torch from PyPI (TORCH_INDEX_URL=https://pypi.org/simple)" >&2
+    TORCH_INDEX_URL=https://pypi.org/simple
+  fi
+fi
+if [ -n "${TORCH_INDEX_URL:-}" ]; then args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL"); fi
 ca=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
-[ -s "$ca" ] && args+=(--secret "id=ca,src=$ca")
+if [ -s "$ca" ]; then args+=(--secret "id=ca,src=$ca"); fi
 rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 args+=(--build-arg "FTJOB_VERSION=$tag" --build-arg "VCS_REF=$rev")
 
 cd "$root"
 start=$SECONDS
-DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$dockerfile" "${target[@]}" "${args[@]}" \
+DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$dockerfile" "${stack[@]}" "${args[@]}" \
   -t "ftjob/$flavor:$tag" "$@" .
 echo "built ftjob/$flavor:$tag in $((SECONDS - start))s"

@@ -1,0 +1,37 @@
+# Per-hardware container images (images/, tests/images). Docker comes from Debian (docker.io, with BuildKit);
+# the daemon is started on demand. With no registry reachable, images build on a debootstrap'ed Debian base.
+IMAGE_TAG ?= dev
+IMAGES_DOCKER := /usr/bin/docker
+IMAGES_FLAVORS := cpu nvidia xeon xeon-upstream neuron
+IMAGES_DOCKERFILES := $(wildcard images/*/Dockerfile)
+IMAGES_SCRIPTS := $(wildcard images/scripts/*.sh images/common/*.sh)
+
+.PHONY: images images-docker image-base lint-images test-images $(addprefix image-,$(IMAGES_FLAVORS))
+
+images-docker: ## Install Docker (docker.io) + debootstrap from Debian and start dockerd when it is not running
+	hack/apt-install.sh docker.io debootstrap curl
+	images/scripts/dockerd-up.sh
+
+image-base: images-docker ## Debian bookworm base image from a debootstrap rootfs (offline builds; once)
+	images/scripts/base-image.sh ftjob/debian:bookworm
+
+# Each flavor: images/scripts/build.sh picks the offline base and the torch index this machine can reach.
+$(addprefix image-,$(IMAGES_FLAVORS)): image-%: images-docker
+	IMAGE_TAG=$(IMAGE_TAG) images/scripts/build.sh $*
+
+image-cpu: ## Build ftjob/cpu (plain CPU: the image the local cluster and CI run)
+image-nvidia: ## Build ftjob/nvidia (CUDA torch)
+image-xeon: ## Build ftjob/xeon (torch 2.7 + IPEX 2.7 + oneccl_bind_pt 2.7; needs Intel's wheel index)
+image-xeon-upstream: ## Build ftjob/xeon-upstream (current torch, AMX via upstream oneDNN, Intel MPI)
+image-neuron: ## Build ftjob/neuron (Neuron SDK 2.31; needs the Neuron apt/pip repos and an Ubuntu 24.04 base)
+
+images: $(addprefix image-,$(IMAGES_FLAVORS)) ## Build every image (neuron and xeon need their vendor repos)
+
+lint-images: setup ## hadolint every Dockerfile, shellcheck the image scripts
+	$(VENV)/bin/hadolint --config images/.hadolint.yaml $(IMAGES_DOCKERFILES)
+	$(VENV)/bin/shellcheck $(IMAGES_SCRIPTS)
+
+test-images: setup lint-images image-cpu ## Images tier: lint, build the cpu image (cached), smoke-test it (uid, selfcheck, 2-rank training)
+	FTJOB_TEST_IMAGE=ftjob/cpu:$(IMAGE_TAG) $(PY) -m pytest -q tests/images
+
+TEST_TIERS += test-images

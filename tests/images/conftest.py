@@ -1,0 +1,67 @@
+"""Fixtures of the images tier: the image under test and a thin `docker` helper.
+
+The tier needs a running Docker daemon and the built image; `make test-images` provides both (images-docker,
+image-cpu). Running the files directly without them fails loudly instead of skipping: a skipped smoke test
+would read as a passing one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# Debian's client: the preinstalled /usr/local/bin/docker has no BuildKit builder (docs in images/README.md).
+DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
+# Image tag `make test-images` builds (mk/images.mk: ftjob/cpu:$(IMAGE_TAG)).
+DEFAULT_IMAGE = "ftjob/cpu:dev"
+# The fixed UID every image runs as (images/common/add-user.sh; the operator's securityContext relies on it).
+FTJOB_UID = 1000
+
+
+@dataclass(frozen=True)
+class Docker:
+    binary: str
+
+    def run(
+        self, args: Sequence[str], timeout: float = 120, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([self.binary, *args], capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"docker {' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}"
+                f"\n--- stderr\n{proc.stderr[-6000:]}"
+            )
+        return proc
+
+
+@pytest.fixture(scope="session")
+def docker() -> Docker:
+    d = Docker(DOCKER)
+    info = d.run(["info", "--format", "{{.ServerVersion}}"], timeout=30, check=False)
+    assert info.returncode == 0, f"no Docker daemon ({info.stderr.strip()}); run `make images-docker` first"
+    return d
+
+
+@pytest.fixture(scope="session")
+def image(docker: Docker) -> str:
+    name = os.environ.get("FTJOB_TEST_IMAGE", DEFAULT_IMAGE)
+    found = docker.run(["image", "inspect", "--format", "{{.Id}}", name], check=False)
+    assert found.returncode == 0, f"image {name} is not built; run `make image-cpu` first"
+    return name
+
+
+def requirement_pins(path: Path) -> dict[str, str]:
+    """`name==version` lines of a requirements file, names normalised the way pip does."""
+    pins: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    return pins
