@@ -18,6 +18,15 @@ class _NoAliasDumper(yaml.SafeDumper):
         return True
 
 
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    # Multi-line values (config.json, hostfile) read as they are in the pod, not as escaped strings.
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_NoAliasDumper.add_representer(str, _str)
+
+
 def dump_yaml_stream(objs: list[dict[str, Any]]) -> str:
     return yaml.dump_all(objs, Dumper=_NoAliasDumper, sort_keys=False, width=120)
 
@@ -154,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    rc: int = args.func(args)
+    return rc
 
 
 if __name__ == "__main__":

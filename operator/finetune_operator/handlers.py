@@ -5,8 +5,10 @@ fires for deadlines, TTLs and progress refreshes)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,12 +52,12 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.event("pods", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})
-def _pod_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
+def _pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
     _wake(namespace, labels.get(c.LABEL_JOB_NAME))
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-def _job_event(name: str, namespace: str, **_: Any) -> None:
+def _job_event(name: str, namespace: str | None, **_: Any) -> None:
     _wake(namespace, name)
 
 
@@ -152,7 +154,8 @@ def _record_error(kube: Kube, namespace: str, name: str, err: Exception) -> None
 
 
 @kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, cancellation_timeout=10.0)
-async def job_daemon(name: str, namespace: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    namespace = namespace or "default"
     key = (namespace, name)
     wake = _wakers.setdefault(key, asyncio.Event())
     kube = Kube()
@@ -175,10 +178,8 @@ async def job_daemon(name: str, namespace: str, stopped: kopf.DaemonStopped, **_
                     await loop.run_in_executor(None, _record_error, kube, namespace, name, e)
                 except Exception:
                     log.exception("could not record the error in %s/%s status", namespace, name)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=wait)
-            except TimeoutError:
-                pass
     finally:
         _wakers.pop(key, None)
         _progress_read_at.pop(key, None)
@@ -200,13 +201,15 @@ def run_operator(
 ) -> int:
     _config.clear()
     _config.update(config)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if metrics_port:
         start_metrics_server(metrics_port)
     kopf.configure(verbose=verbose)
     kopf.run(
         standalone=True,
-        namespaces=namespaces or None,
+        namespaces=namespaces,
         clusterwide=not namespaces,
         liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
     )

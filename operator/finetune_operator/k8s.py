@@ -36,7 +36,7 @@ class Kube:
         self.custom = client.CustomObjectsApi(self.api)
 
     # -- children -------------------------------------------------------------------------------------------
-    def _create_call(self, kind: str, ns: str, body: dict[str, Any]) -> Any:
+    def _create_call(self, kind: str, ns: str, body: Any) -> Any:
         if kind == "Pod":
             return self.core.create_namespaced_pod(ns, body)
         if kind == "Service":
@@ -54,8 +54,12 @@ class Kube:
             "ConfigMap": self.core.read_namespaced_config_map,
             "Secret": self.core.read_namespaced_secret,
         }[kind]
-        obj: dict[str, Any] = self.api.sanitize_for_serialization(reader(name, ns))
-        return obj
+        return self._plain(reader(name, ns))
+
+    def _plain(self, model: Any) -> dict[str, Any]:
+        """Client model -> the JSON-shaped dict the API sent (what reconcile reads)."""
+        out: dict[str, Any] = self.api.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
+        return out
 
     def create(self, obj: dict[str, Any]) -> bool:
         """Create a child; True if created, False if it already existed and is ours."""
@@ -86,14 +90,14 @@ class Kube:
     def list_children(self, ns: str, job: str) -> tuple[list[dict[str, Any]], frozenset[str]]:
         """Pods of the job, and "Kind/name" of its other children."""
         sel = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB_NAME}={job}"
-        pods = [self.api.sanitize_for_serialization(p) for p in self.core.list_namespaced_pod(ns, label_selector=sel).items]
+        pods = [self._plain(p) for p in self.core.list_namespaced_pod(ns, label_selector=sel).items]
         names = set()
         for kind, lister in (
             ("Service", self.core.list_namespaced_service),
             ("ConfigMap", self.core.list_namespaced_config_map),
             ("Secret", self.core.list_namespaced_secret),
         ):
-            names |= {f"{kind}/{o.metadata.name}" for o in lister(ns, label_selector=sel).items}
+            names |= {f"{kind}/{o.metadata.name}" for o in lister(ns, label_selector=sel).items if o.metadata}
         return pods, frozenset(names)
 
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None:
@@ -108,8 +112,8 @@ class Kube:
     # -- the job ----------------------------------------------------------------------------------------------
     def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
         try:
-            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-            return obj
+            obj: Any = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+            return dict(obj)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -139,7 +143,7 @@ class Kube:
     def event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
         meta = job["metadata"]
         now = datetime.now(UTC)
-        body = {
+        body: Any = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},

@@ -141,7 +141,7 @@ def _pending_problem(pods: list[dict[str, Any]]) -> str | None:
 
 def _init_running(pod: dict[str, Any], name: str) -> bool:
     for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
-        if cs.get("name") == name and (cs.get("state") or {}).get("running"):
+        if cs.get("name") == name and "running" in (cs.get("state") or {}):
             return True
     return False
 
@@ -241,7 +241,10 @@ def reconcile(
         if attempt < limit:
             st["restartCount"] = attempt + 1
             delete(live)
-            msg = f"{text}\nrestarting all ranks (restart {attempt + 1} of at most {limit}), resuming from the newest checkpoint"
+            msg = (
+                f"{text}\nrestarting all ranks (restart {attempt + 1} of at most {limit}), "
+                "resuming from the newest checkpoint"
+            )
             _transition(plan, old_phase, "Restarting", "RankFailed", msg)
             set_condition(st, "Restarting", True, "RankFailed", msg, now)
             set_condition(st, "Running", False, "RankFailed", msg, now)
@@ -296,8 +299,9 @@ def reconcile(
         set_condition(st, "Running", True, "Running", msg, now)
     else:
         problem = _pending_problem(current)
-        restarting = old_phase == "Restarting" and bool(stale)
-        waiting = "waiting for the previous attempt's pods to terminate" if stale else "waiting for pods to start"
+        leftovers = bool(stale) or any(_deleting(p) for p in observed.pods)
+        restarting = old_phase == "Restarting" and leftovers
+        waiting = "waiting for the previous attempt's pods to terminate" if leftovers else "waiting for pods to start"
         phase = "Restarting" if restarting else "Pending"
         _transition(plan, old_phase, phase, "Unschedulable" if problem and "Unschedulable" in problem else phase,
                     problem or waiting)

@@ -265,6 +265,7 @@ RUN_POLICY = _o(
         "suspend": _b("Delete the pods and keep the job; setting it back to false recreates them.", default=False),
         "queueName": _s("Kueue LocalQueue (sets kueue.x-k8s.io/queue-name on the pods).", maxLength=253),
     },
+    default={},
 )
 
 ENV_VAR = {

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import constants as c
+from ..api.schema import COMPILE_CACHE, TRAINING
+from ..api.validation import apply_defaults
 from .layout import Layout
 from .names import Names
 
@@ -88,14 +90,16 @@ def hostfile(layout: Layout, names: Names) -> str:
 
 
 def runtime_config(job: dict[str, Any]) -> dict[str, Any]:
+    """config.json: the spec blocks the runtime reads, with every default spelled out."""
     spec = job["spec"]
     meta = job["metadata"]
+    task = spec.get("task")
     return {
         "jobName": meta["name"],
         "namespace": meta.get("namespace") or "default",
-        "task": spec.get("task"),
-        "training": spec.get("training"),
-        "compileCache": spec.get("compileCache"),
+        "task": task,
+        "training": apply_defaults(TRAINING, spec.get("training") or {}) if task else None,
+        "compileCache": apply_defaults(COMPILE_CACHE, spec.get("compileCache") or {}),
         "output": spec.get("output"),
     }
 

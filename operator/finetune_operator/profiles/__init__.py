@@ -205,8 +205,8 @@ def profile_rules() -> list[Rule]:
         Rule(
             "instance-type-known",
             "spec.hardware",
-            f"!has(self.instanceType) || self.instanceType in {_cel_map({k: _cel_list(v) for k, v in by_profile.items()})}"
-            "[self.profile]",
+            "!has(self.instanceType) || self.instanceType in "
+            f"{_cel_map({k: _cel_list(v) for k, v in by_profile.items()})}[self.profile]",
             ".instanceType",
             "spec.hardware.instanceType is not an instance type of this profile; use one of:\n" + table,
             lambda h: "instanceType" not in h or h["instanceType"] in by_profile.get(h.get("profile", ""), []),

@@ -1,0 +1,244 @@
+"""`ftjob run`: a FineTuneJob as local processes, with the environment the pods get.
+
+The env comes from the same builders as the pods (builders.env.derived_env); only what differs on one machine
+is replaced: paths (config, cache, output), the rank-0 address (127.0.0.1) and the CPUs the thread math starts
+from (this machine's, shared by the local "nodes"). Each local node runs the runtime's own per-pod entry point
+(`ftjob-runtime launch` for torchrun, `ftjob-runtime mpirun` for MPI), so local mode exercises the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from . import progress
+from .builders import Names, resolve
+from .builders.env import derived_env, thread_env
+from .builders.objects import runtime_config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _runtime_cmd() -> list[str]:
+    exe = shutil.which("ftjob-runtime") or str(Path(sys.executable).with_name("ftjob-runtime"))
+    if not Path(exe).exists():
+        raise SystemExit(
+            "error: the training runtime (ftjob-runtime) is not installed in this environment; run `make setup`"
+        )
+    return [exe]
+
+
+class _Reporter:
+    """Folds progress lines into a one-line bar (TTY) or a line every few seconds (logs, CI)."""
+
+    def __init__(self, quiet: bool, total_label: str):
+        self.state: dict[str, Any] | None = None
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.last_print = 0.0
+        self.label = total_label
+        self.lock = threading.Lock()
+
+    def record(self, rec: dict[str, Any]) -> None:
+        with self.lock:
+            self.state = progress.fold([rec], self.state)
+            if self.quiet or self.state is None:
+                return
+            now = time.monotonic()
+            important = rec.get("event") in ("eval", "done", "checkpoint", "precompile")
+            if self.tty:
+                step, total = self.state.get("step"), self.state.get("totalSteps")
+                bar = ""
+                if isinstance(step, int) and isinstance(total, int) and total:
+                    filled = int(30 * step / total)
+                    bar = "[" + "#" * filled + "." * (30 - filled) + "] "
+                sys.stderr.write(f"\r{self.label} {bar}{self.state['summary']}\033[K")
+                if important:
+                    sys.stderr.write("\n")
+                sys.stderr.flush()
+            elif important or now - self.last_print >= 5:
+                sys.stderr.write(f"{self.label} {self.state['summary']}\n")
+                self.last_print = now
+
+
+def _pump(stream: IO[str], log: IO[str], reporter: _Reporter) -> None:
+    for line in stream:
+        log.write(line)
+        log.flush()
+        rec = progress.parse_line(line)
+        if rec is not None:
+            reporter.record(rec)
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def local_env(
+    job: dict[str, Any], workdir: Path, output: Path | None, max_procs: int | None, max_nodes: int | None
+) -> tuple[dict[str, str], int, int, Path]:
+    """The pods' environment with local paths and this machine's CPUs. Returns env, nodes, procs, output dir."""
+    layout = resolve(job)
+    nodes = min(layout.nodes, max_nodes or layout.nodes)
+    procs = min(layout.procs_per_node, max_procs or layout.procs_per_node)
+    cpus = float(os.cpu_count() or 1)
+    if layout.launcher == "mpi":  # one local "node" holds every rank: a hostfile of localhost only
+        procs, nodes = procs * nodes, 1
+    layout = dataclasses.replace(layout, nodes=nodes, procs_per_node=procs, cpu_per_pod=max(1.0, cpus / nodes))
+    names = Names("local", "local", layout.launcher)
+    env = derived_env(job, layout, names)
+    env.update(thread_env(layout))
+    out_cfg = job["spec"].get("output") or {}
+    out_dir = (output or (workdir / "output" / (out_cfg.get("path") or job["metadata"]["name"]))).resolve()
+    cache = (workdir / "cache").resolve()
+    env.update(
+        {
+            "FTJOB_CONFIG": str((workdir / "config.json").resolve()),
+            "FTJOB_CACHE_DIR": str(cache),
+            "FTJOB_OUTPUT_DIR": str(out_dir),
+            "FTJOB_MASTER_ADDR": "127.0.0.1",
+            "FTJOB_MASTER_PORT": str(_free_port()),
+            "HF_HOME": os.environ.get("HF_HOME", str(cache / "hf")),
+            "HOME": os.environ.get("HOME", str(workdir)),
+        }
+    )
+    env.pop("FTJOB_OUTPUT_URL", None)  # local runs keep results on disk
+    if "NEURON_COMPILE_CACHE_URL" in env and not env["NEURON_COMPILE_CACHE_URL"].startswith("s3://"):
+        env["NEURON_COMPILE_CACHE_URL"] = str(cache / "neuron")
+    if env.get("LD_PRELOAD") and not Path(env["LD_PRELOAD"]).exists():
+        print(f"note: {env['LD_PRELOAD']} is not installed here; running without LD_PRELOAD", file=sys.stderr)
+        del env["LD_PRELOAD"]
+    if layout.launcher == "mpi":
+        impl = layout.mpi_implementation
+        line = f"localhost slots={procs}\n" if impl == "openmpi" else f"localhost:{procs}\n"
+        hostfile = (workdir / "hostfile").resolve()
+        hostfile.parent.mkdir(parents=True, exist_ok=True)
+        hostfile.write_text(line)
+        env["FTJOB_HOSTFILE"] = str(hostfile)
+    for e in job["spec"].get("env") or []:
+        if "value" in e:
+            env[e["name"]] = str(e["value"])
+    return env, nodes, procs, out_dir
+
+
+def run_local(
+    job: dict[str, Any],
+    *,
+    workdir: Path,
+    max_procs: int | None = None,
+    max_nodes: int | None = None,
+    output: Path | None = None,
+    precision: str | None = None,
+    quiet: bool = False,
+) -> int:
+    if job["spec"].get("command"):
+        raise SystemExit("error: ftjob run runs the built-in task; run your own command directly")
+    workdir.mkdir(parents=True, exist_ok=True)
+    if precision:
+        job["spec"].setdefault("training", {})["precision"] = precision
+    env_extra, nodes, procs, out_dir = local_env(job, workdir, output, max_procs, max_nodes)
+    config = runtime_config(job)
+    (workdir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    launcher = env_extra["FTJOB_LAUNCHER"]
+    base_env = {**os.environ, **env_extra}
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    print(
+        f"ftjob run: {job['metadata']['name']} — {launcher}, {nodes} node(s) x {procs} process(es), "
+        f"backend {env_extra['FTJOB_BACKEND']}, OMP_NUM_THREADS={env_extra.get('OMP_NUM_THREADS', 'unset')}\n"
+        f"  output {out_dir}\n  logs   {logs}",
+        file=sys.stderr,
+    )
+    stages = []
+    if (job["spec"].get("compileCache") or {}).get("precompile"):
+        stages.append(("precompile", {"FTJOB_MODE": "precompile"}))
+    stages.append(("train", {"FTJOB_MODE": "train"}))
+    for stage, stage_env in stages:
+        rc = _run_stage(stage, launcher, nodes, {**base_env, **stage_env}, logs, quiet)
+        if rc != 0:
+            return rc
+    _print_results(out_dir)
+    return 0
+
+
+def _run_stage(stage: str, launcher: str, nodes: int, env: dict[str, str], logs: Path, quiet: bool) -> int:
+    reporter = _Reporter(quiet, stage)
+    procs: list[tuple[subprocess.Popen[str], Path, threading.Thread]] = []
+    sub = ["mpirun"] if launcher == "mpi" else ["launch"]
+    for node in range(nodes):
+        log_path = logs / f"{stage}-node{node}.log"
+        p = subprocess.Popen(
+            [*_runtime_cmd(), *sub],
+            env={**env, "FTJOB_NODE_RANK": str(node)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # the whole torchrun/mpirun tree can be signalled at once
+        )
+        log = log_path.open("w")
+        assert p.stdout is not None
+        t = threading.Thread(target=_pump, args=(p.stdout, log, reporter), daemon=True)
+        t.start()
+        procs.append((p, log_path, t))
+    rc = 0
+    try:
+        while procs and rc == 0:
+            for entry in list(procs):
+                code = entry[0].poll()
+                if code is not None:
+                    entry[2].join(timeout=5)
+                    procs.remove(entry)
+                    if code != 0:
+                        rc = code
+                        print(f"\n{stage}: {entry[1].name} exited with {code}; last lines:\n{_tail(entry[1])}",
+                              file=sys.stderr)
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        rc = 130
+    finally:
+        for p, _, _ in procs:  # a failed node takes the others down, like a group restart would
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p, _, _ in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+    if sys.stderr.isatty() and not quiet:
+        sys.stderr.write("\n")
+    return rc
+
+
+def _print_results(out_dir: Path) -> None:
+    metrics = out_dir / "metrics.json"
+    preds = out_dir / "predictions.json"
+    if metrics.exists():
+        print("metrics:")
+        for k, v in json.loads(metrics.read_text()).items():
+            print(f"  {k}: {v}")
+    if preds.exists():
+        data = json.loads(preds.read_text())
+        print("predictions:")
+        items = data if isinstance(data, list) else data.get("predictions", data)
+        for item in items if isinstance(items, list) else [items]:
+            print(f"  {json.dumps(item, ensure_ascii=False)}")
+    print(f"model: {out_dir / 'model'}")

@@ -1,0 +1,6 @@
+"""Shared by every tier: makes tests/support importable."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))

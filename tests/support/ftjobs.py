@@ -1,0 +1,195 @@
+"""Fluent FineTuneJob builders and the corpus of invalid specs, shared by the unit tests (`ftjob render`) and
+the control-plane tests (the real API server must reject the same specs, naming the same field)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = sorted((ROOT / "manifests" / "samples").glob("*.yaml"))
+
+
+def load_sample(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "manifests" / "samples" / f"{name}.yaml").read_text())
+    return data
+
+
+class JobBuilder:
+    """make_job("demo").profile("trn1").instance("trn1.2xlarge").procs(2).task_classification().build()"""
+
+    def __init__(self, name: str = "job", namespace: str | None = None):
+        self.obj: dict[str, Any] = {
+            "apiVersion": "finetune.dev/v1alpha1",
+            "kind": "FineTuneJob",
+            "metadata": {"name": name},
+            "spec": {"hardware": {"profile": "cpu"}},
+        }
+        if namespace:
+            self.obj["metadata"]["namespace"] = namespace
+
+    def profile(self, p: str) -> JobBuilder:
+        self.obj["spec"]["hardware"]["profile"] = p
+        return self
+
+    def instance(self, t: str) -> JobBuilder:
+        self.obj["spec"]["hardware"]["instanceType"] = t
+        return self
+
+    def nodes(self, n: int) -> JobBuilder:
+        self.obj["spec"]["hardware"]["nodes"] = n
+        return self
+
+    def procs(self, n: int) -> JobBuilder:
+        self.obj["spec"]["hardware"]["procsPerNode"] = n
+        return self
+
+    def launcher(self, launcher: str, implementation: str | None = None) -> JobBuilder:
+        self.obj["spec"]["launcher"] = launcher
+        if implementation:
+            self.obj["spec"]["mpi"] = {"implementation": implementation}
+        return self
+
+    def classification(self, model: str = "tiny-bert", path: str = "data/reviews.jsonl") -> JobBuilder:
+        self.obj["spec"]["task"] = {
+            "type": "text-classification",
+            "model": model,
+            "dataset": {
+                "path": path,
+                "textColumn": "review_body",
+                "labelColumn": "stars",
+                "labelMap": {"1": 0, "2": 0, "4": 1, "5": 1},
+            },
+            "labels": ["negative", "positive"],
+        }
+        self.obj["spec"].setdefault("output", {"claimName": "results", "path": "out"})
+        return self
+
+    def qa(self, model: str = "tiny-distilbert") -> JobBuilder:
+        self.obj["spec"]["task"] = {"type": "question-answering", "model": model, "dataset": {"name": "squad"}}
+        self.obj["spec"].setdefault("output", {"claimName": "results", "path": "out"})
+        return self
+
+    def command(self, *argv: str) -> JobBuilder:
+        self.obj["spec"]["command"] = list(argv)
+        return self
+
+    def training(self, **kw: Any) -> JobBuilder:
+        self.obj["spec"].setdefault("training", {}).update(kw)
+        return self
+
+    def cache(self, **kw: Any) -> JobBuilder:
+        self.obj["spec"].setdefault("compileCache", {}).update(kw)
+        return self
+
+    def run_policy(self, **kw: Any) -> JobBuilder:
+        self.obj["spec"].setdefault("runPolicy", {}).update(kw)
+        return self
+
+    def set(self, path: str, value: Any) -> JobBuilder:
+        node = self.obj
+        parts = path.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+        return self
+
+    def build(self) -> dict[str, Any]:
+        return copy.deepcopy(self.obj)
+
+
+def make_job(name: str = "job", namespace: str | None = None) -> JobBuilder:
+    return JobBuilder(name, namespace)
+
+
+@dataclass(frozen=True)
+class BadSpec:
+    id: str
+    field: str  # the field path the error must name
+    mutate: Callable[[dict[str, Any]], None]
+
+
+def _base() -> dict[str, Any]:
+    return make_job("bad").classification().build()
+
+
+def _del(path: str) -> Callable[[dict[str, Any]], None]:
+    def f(o: dict[str, Any]) -> None:
+        node = o
+        parts = path.split(".")
+        for p in parts[:-1]:
+            node = node[p]
+        del node[parts[-1]]
+
+    return f
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def f(o: dict[str, Any]) -> None:
+        node = o
+        parts = path.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = copy.deepcopy(value)
+
+    return f
+
+
+def _both(*fs: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def f(o: dict[str, Any]) -> None:
+        for g in fs:
+            g(o)
+
+    return f
+
+
+BAD_SPECS: list[BadSpec] = [
+    BadSpec("unknown-profile", "spec.hardware.profile", _set("spec.hardware.profile", "trn3")),
+    BadSpec("zero-nodes", "spec.hardware.nodes", _set("spec.hardware.nodes", 0)),
+    BadSpec("unknown-instance", "spec.hardware.instanceType",
+            _both(_set("spec.hardware.profile", "trn1"), _set("spec.hardware.instanceType", "m7i.xlarge"))),
+    BadSpec("trn1-unplaceable-devices", "spec.hardware.procsPerNode",
+            _both(_set("spec.hardware.profile", "trn1"), _set("spec.hardware.instanceType", "trn1.32xlarge"),
+                  _set("spec.hardware.procsPerNode", 6))),
+    BadSpec("trn1-too-many-cores", "spec.hardware.procsPerNode",
+            _both(_set("spec.hardware.profile", "trn1"), _set("spec.hardware.instanceType", "trn1.2xlarge"),
+                  _set("spec.hardware.procsPerNode", 4))),
+    BadSpec("trn1-2xl-multinode", "spec.hardware.nodes",
+            _both(_set("spec.hardware.profile", "trn1"), _set("spec.hardware.instanceType", "trn1.2xlarge"),
+                  _set("spec.hardware.nodes", 2))),
+    BadSpec("task-and-command", "spec.task", _set("spec.command", ["python", "train.py"])),
+    BadSpec("neither-task-nor-command", "spec.task", _both(_del("spec.task"), _del("spec.output"))),
+    BadSpec("mpi-with-torchrun", "spec.mpi",
+            _both(_set("spec.launcher", "torchrun"), _set("spec.mpi", {"implementation": "openmpi"}))),
+    BadSpec("unknown-mpi", "spec.mpi.implementation",
+            _both(_set("spec.launcher", "mpi"), _set("spec.mpi", {"implementation": "lam"}))),
+    BadSpec("bad-precision", "spec.training.precision", _set("spec.training", {"precision": "fp8"})),
+    BadSpec("negative-lr", "spec.training.learningRate", _set("spec.training", {"learningRate": -1})),
+    BadSpec("missing-output", "spec.output", _del("spec.output")),
+    BadSpec("output-claim-and-url", "spec.output.claimName",
+            _set("spec.output", {"claimName": "r", "url": "s3://b/p"})),
+    BadSpec("output-bad-url", "spec.output.url", _set("spec.output", {"url": "gs://bucket/x"})),
+    BadSpec("dataset-name-and-path", "spec.task.dataset.name", _set("spec.task.dataset.name", "squad")),
+    BadSpec("classification-without-label", "spec.task.dataset.textColumn", _del("spec.task.dataset.labelColumn")),
+    BadSpec("label-id-without-name", "spec.task.dataset.labelMap",
+            _set("spec.task.dataset.labelMap", {"1": 0, "5": 2})),
+    BadSpec("unknown-task-type", "spec.task.type", _set("spec.task.type", "summarization")),
+    BadSpec("cache-url-on-cpu", "spec.compileCache.url", _set("spec.compileCache", {"url": "s3://b/cache"})),
+    BadSpec("bad-clean-policy", "spec.runPolicy.cleanPodPolicy", _set("spec.runPolicy", {"cleanPodPolicy": "Never"})),
+    BadSpec("typo-field", "spec.hardware.procPerNode", _set("spec.hardware.procPerNode", 2)),
+    BadSpec("name-too-long", "metadata.name", _set("metadata.name", "a" * 60)),
+    BadSpec("slots-differ-from-procs", "spec.mpi.slotsPerNode",
+            _both(_set("spec.launcher", "mpi"), _set("spec.hardware.procsPerNode", 2),
+                  _set("spec.mpi", {"slotsPerNode": 4}))),
+]
+
+
+def bad_job(case: BadSpec) -> dict[str, Any]:
+    o = _base()
+    case.mutate(o)
+    return o

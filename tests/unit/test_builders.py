@@ -1,0 +1,232 @@
+"""Builders: golden objects for every sample, and each derivation rule on its own."""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from finetune_operator.admission import validate
+from finetune_operator.builders import SshKeys, desired
+from finetune_operator.cli import dump_yaml_stream
+from ftjobs import SAMPLES, load_sample, make_job
+
+GOLDEN = Path(__file__).parent / "golden"
+KEYS = SshKeys("PRIVATE KEY\n", "ssh-ed25519 AAAA user\n", "HOST PRIVATE KEY\n", "ssh-ed25519 BBBB host\n")
+
+
+def render(job: dict[str, Any], **kw: Any) -> Any:
+    return desired(validate(job), ssh_keys=KEYS, **kw)
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "<from>") for e in container["env"]}
+
+
+def pod(children: Any, name: str) -> dict[str, Any]:
+    return next(p for p in children.pods if p["metadata"]["name"] == name)
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
+def test_golden(sample: Path) -> None:
+    """Set UPDATE_GOLDEN=1 to rewrite; review the diff like code."""
+    out = dump_yaml_stream(render(yaml.safe_load(sample.read_text())).all())
+    golden = GOLDEN / f"{sample.stem}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(out)
+    assert golden.exists(), f"no golden for {sample.stem}: run with UPDATE_GOLDEN=1"
+    assert out == golden.read_text()
+
+
+def test_trn1_one_core_requests_a_neuroncore() -> None:
+    c = render(load_sample("trn1-bert-ja-1core-fp32"))
+    res = c.pods[0]["spec"]["containers"][0]["resources"]
+    assert res["limits"] == {"aws.amazon.com/neuroncore": "1"}
+    assert res["requests"]["aws.amazon.com/neuroncore"] == "1"
+    assert res["requests"]["cpu"] == "2"  # (8 vCPU - 4 reserved) * 1/2 cores
+    assert c.layout.world_size == 1
+    env = env_of(c.pods[0]["spec"]["containers"][0])
+    assert env["NEURON_COMPILE_CACHE_URL"] == "/cache/neuron"
+    assert "NEURON_RT_STOCHASTIC_ROUNDING_EN" not in env  # fp32
+    assert "NEURON_RT_ROOT_COMM_ID" not in env  # single node
+    assert "FI_PROVIDER" not in env and "vpc.amazonaws.com/efa" not in res["limits"]
+
+
+def test_trn1_two_cores_request_one_device_and_bf16_rounding() -> None:
+    c = render(load_sample("trn1-bert-ja-2core-bf16"))
+    trainer = c.pods[0]["spec"]["containers"][0]
+    assert trainer["resources"]["limits"] == {"aws.amazon.com/neuron": "1"}
+    assert env_of(trainer)["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "1"
+    assert env_of(trainer)["FTJOB_NPROC_PER_NODE"] == "2"
+    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in c.pods[0]["spec"][
+        "tolerations"
+    ]
+    assert c.pods[0]["spec"]["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn1.2xlarge"}
+
+
+def test_precompile_is_an_init_step_with_the_same_env() -> None:
+    c = render(load_sample("trn1-bert-ja-1core-fp32"))
+    init = c.pods[0]["spec"]["initContainers"]
+    assert [i["name"] for i in init] == ["precompile"]  # rank 0 waits for nobody
+    assert init[0]["command"] == ["ftjob-runtime", "launch", "--precompile"]
+    env = env_of(init[0])
+    assert env["FTJOB_MODE"] == "precompile" and env["FTJOB_PRECOMPILE_STEPS"] == "16"
+    assert init[0]["resources"] == c.pods[0]["spec"]["containers"][0]["resources"]
+
+
+def test_trn1_32xlarge_multi_node_uses_efa_and_root_comm_id() -> None:
+    c = render(make_job("big").profile("trn1").instance("trn1.32xlarge").nodes(2).classification().training(
+        precision="bf16").build())
+    assert c.layout.procs_per_node == 32 and c.layout.world_size == 64
+    rank1 = pod(c, "big-rank-1")
+    res = rank1["spec"]["containers"][0]["resources"]
+    assert res["limits"]["aws.amazon.com/neuron"] == "16"
+    assert res["limits"]["vpc.amazonaws.com/efa"] == "8"
+    assert res["limits"]["hugepages-2Mi"] == "5120Mi"
+    env = env_of(rank1["spec"]["containers"][0])
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env["NEURON_RT_ROOT_COMM_ID"] == "big-rank-0.big.default.svc:46820"
+    assert env["CCOM_SOCKET_IFNAME"] == "eth0"
+    assert env["FTJOB_NODE_RANK"] == "1"
+    wait = rank1["spec"]["initContainers"][0]
+    assert wait["command"][:4] == ["ftjob-runtime", "wait-for", "--dns", "big-rank-0.big.default.svc"]
+
+
+@pytest.mark.parametrize(("procs", "resource", "count"), [(8, "aws.amazon.com/neuron", "4"),
+                                                          (16, "aws.amazon.com/neuron", "8"),
+                                                          (1, "aws.amazon.com/neuroncore", "1")])
+def test_trn1_device_counts(procs: int, resource: str, count: str) -> None:
+    c = render(make_job().profile("trn1").instance("trn1.32xlarge").procs(procs).classification().build())
+    assert c.pods[0]["spec"]["containers"][0]["resources"]["limits"][resource] == count
+
+
+def test_xeon_threads_hostfile_and_guaranteed_qos() -> None:
+    c = render(load_sample("xeon-distilbert-squad"))
+    assert c.layout.launcher == "mpi" and c.layout.world_size == 8
+    worker = pod(c, "distilbert-squad-xeon-worker-0")["spec"]["containers"][0]
+    env = env_of(worker)
+    # m7i.metal-48xl: 192 vCPUs - 4 reserved = 188 -> 94 cores -> 47 per rank -> 45 OMP threads + 2 CCL workers
+    assert env["OMP_NUM_THREADS"] == "45" and env["CCL_WORKER_COUNT"] == "2"
+    assert env["KMP_HW_SUBSET"] == "1T"
+    assert env["LD_PRELOAD"].endswith("libtcmalloc.so.4")
+    res = worker["resources"]
+    assert res["requests"]["cpu"] == res["limits"]["cpu"] == "188"  # Guaranteed, whole cores per rank
+    assert res["requests"]["memory"] == res["limits"]["memory"]
+    sel = pod(c, "distilbert-squad-xeon-worker-0")["spec"]["nodeSelector"]
+    assert sel["feature.node.kubernetes.io/cpu-cpuid.AMXBF16"] == "true"
+    cm = next(o for o in c.objects if o["kind"] == "ConfigMap")
+    assert cm["data"]["hostfile"].splitlines() == [
+        f"distilbert-squad-xeon-worker-{i}.distilbert-squad-xeon.default.svc:2" for i in range(4)
+    ]
+
+
+def test_mpi_launcher_waits_for_dns_and_ssh_of_every_worker() -> None:
+    c = render(load_sample("xeon-distilbert-squad"))
+    launcher = pod(c, "distilbert-squad-xeon-launcher")
+    wait = launcher["spec"]["initContainers"][0]["command"]
+    for i in range(4):
+        host = f"distilbert-squad-xeon-worker-{i}.distilbert-squad-xeon.default.svc"
+        assert ["--dns", host, "--ssh", host] == wait[wait.index(host) - 1: wait.index(host) + 3]
+    assert launcher["spec"]["containers"][0]["command"] == ["ftjob-runtime", "mpirun"]
+    assert "nodeSelector" not in launcher["spec"]  # the launcher does not take an accelerator node's slot
+    vols = {v["name"]: v for v in launcher["spec"]["volumes"]}
+    assert vols["ssh"]["secret"]["defaultMode"] == 0o400
+
+
+def test_openmpi_hostfile_format() -> None:
+    c = render(make_job("o").nodes(2).procs(2).launcher("mpi", "openmpi").classification().build())
+    cm = next(o for o in c.objects if o["kind"] == "ConfigMap")
+    assert cm["data"]["hostfile"] == "o-worker-0.o.default.svc slots=2\no-worker-1.o.default.svc slots=2\n"
+
+
+def test_ssh_secret_is_immutable_and_complete() -> None:
+    c = render(load_sample("cpu-distilbert-squad-mpi"))
+    secret = next(o for o in c.objects if o["kind"] == "Secret")
+    assert secret["immutable"] is True
+    assert base64.b64decode(secret["data"]["authorized_keys"]).decode() == KEYS.public_key
+    assert set(secret["data"]) == {"id_ed25519", "id_ed25519.pub", "authorized_keys", "ssh_host_ed25519_key",
+                                   "ssh_host_ed25519_key.pub"}
+
+
+def test_nvidia_gpus_and_efa_without_fi_vars() -> None:
+    c = render(load_sample("nvidia-distilbert-squad"))
+    ctr = c.pods[0]["spec"]["containers"][0]
+    assert ctr["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert ctr["resources"]["limits"]["vpc.amazonaws.com/efa"] == "32"
+    assert "FI_PROVIDER" not in env_of(ctr)  # aws-ofi-nccl >= 1.7 needs none
+    assert env_of(ctr)["FTJOB_OUTPUT_URL"] == "s3://my-bucket/distilbert-squad/nvidia"
+    vols = {v["name"]: v for v in c.pods[0]["spec"]["volumes"]}
+    assert "emptyDir" in vols["output"]  # scratch, uploaded by the runtime
+    assert c.pods[0]["spec"]["serviceAccountName"] == "finetune-s3-writer"
+
+
+def test_cpu_threads_from_requests_not_host() -> None:
+    c = render(make_job().procs(2).set("spec.hardware.resources", {"requests": {"cpu": "6"}}).classification()
+               .build())
+    assert env_of(c.pods[0]["spec"]["containers"][0])["OMP_NUM_THREADS"] == "3"
+
+
+def test_bring_your_own_command_gets_rank_env_only() -> None:
+    c = render(make_job("byo").nodes(2).command("python", "train.py").build())
+    ctr = pod(c, "byo-rank-1")["spec"]["containers"][0]
+    assert ctr["command"] == ["python", "train.py"]
+    env = env_of(ctr)
+    assert env["MASTER_ADDR"] == "byo-rank-0.byo.default.svc" and env["NODE_RANK"] == "1"
+    cfg = next(o for o in c.objects if o["kind"] == "ConfigMap")
+    assert '"task": null' in cfg["data"]["config.json"]
+
+
+def test_user_env_wins_and_hf_token_from_secret() -> None:
+    job = make_job().classification().set("spec.env", [{"name": "OMP_NUM_THREADS", "value": "7"}]).set(
+        "spec.hfTokenSecretRef", {"name": "hf"}).build()
+    env = render(job).pods[0]["spec"]["containers"][0]["env"]
+    assert [e for e in env if e["name"] == "OMP_NUM_THREADS"] == [{"name": "OMP_NUM_THREADS", "value": "7"}]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in env
+
+
+def test_children_are_owned_labelled_and_deterministic() -> None:
+    job = make_job("d", "ns1").nodes(3).classification().run_policy(queueName="team-a").build()
+    job["metadata"]["uid"] = "u-1"
+    a, b = render(job), render(job)
+    assert a.all() == b.all()
+    for obj in a.all():
+        ref = obj["metadata"]["ownerReferences"][0]
+        assert ref == {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "name": "d", "uid": "u-1",
+                       "controller": True, "blockOwnerDeletion": True}
+        assert obj["metadata"]["namespace"] == "ns1"
+        assert obj["metadata"]["labels"]["finetune.dev/job-name"] == "d"
+    names = [p["metadata"]["name"] for p in a.pods]
+    assert names == ["d-rank-0", "d-rank-1", "d-rank-2"]
+    for i, p in enumerate(a.pods):
+        assert p["spec"]["hostname"] == f"d-rank-{i}" and p["spec"]["subdomain"] == "d"
+        assert p["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "d"
+        assert p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "3"
+        assert p["spec"]["restartPolicy"] == "Never"
+        assert p["spec"]["automountServiceAccountToken"] is False
+        assert p["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    svc = a.objects[0]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_images_from_operator_config_then_profile() -> None:
+    job = make_job().classification().build()
+    assert render(job).pods[0]["spec"]["containers"][0]["image"] == "finetune-operator/cpu:0.1.0"
+    got = render(job, images={"cpu": "registry.local/cpu:9"}).pods[0]["spec"]["containers"][0]["image"]
+    assert got == "registry.local/cpu:9"
+    job["spec"]["image"] = "mine:1"
+    assert render(job, images={"cpu": "x"}).pods[0]["spec"]["containers"][0]["image"] == "mine:1"
+
+
+def test_runtime_config_spells_out_defaults() -> None:
+    import json
+
+    c = render(make_job().classification().build())
+    cfg = json.loads(next(o for o in c.objects if o["kind"] == "ConfigMap")["data"]["config.json"])
+    assert cfg["training"]["precision"] == "fp32" and cfg["training"]["checkpointEverySteps"] == 500
+    assert cfg["compileCache"] == {"precompile": False, "precompileSteps": 16}
+    assert cfg["task"]["dataset"]["labelMap"] == {"1": 0, "2": 0, "4": 1, "5": 1}

@@ -1,0 +1,239 @@
+"""The pure reconcile, driven through whole lifecycles with pod statuses as a kubelet would report them."""
+
+from __future__ import annotations
+
+import copy
+from datetime import datetime, timedelta
+from typing import Any
+
+from finetune_operator.admission import validate
+from finetune_operator.builders import SshKeys
+from finetune_operator.reconcile import Observed, Plan, reconcile
+from ftjobs import load_sample, make_job
+
+T0 = datetime(2026, 12, 2, 10, 0, 0)
+KEYS = SshKeys("k", "p", "hk", "hp")
+
+
+class World:
+    """A job plus the pods and objects that exist, advanced by applying plans like the operator does."""
+
+    def __init__(self, job: dict[str, Any]):
+        self.job = validate(job)
+        self.job["metadata"].setdefault("uid", "uid-1")
+        self.job["status"] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.objects: set[str] = set()
+        self.now = T0
+        self.deleted_job = False
+
+    def step(self, progress: dict[str, Any] | None = None, seconds: float = 1) -> Plan:
+        self.now += timedelta(seconds=seconds)
+        plan = reconcile(self.job, Observed(list(copy.deepcopy(self.pods).values()), frozenset(self.objects),
+                                            self.now, progress, KEYS))
+        for name in plan.delete_pods:
+            self.pods[name]["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+        for obj in plan.create:
+            if obj["kind"] == "Pod":
+                assert obj["metadata"]["name"] not in self.pods, "created a pod whose name is taken"
+                self.pods[obj["metadata"]["name"]] = copy.deepcopy(obj) | {"status": {"phase": "Pending"}}
+            else:
+                self.objects.add(f"{obj['kind']}/{obj['metadata']['name']}")
+        self.job["status"] = plan.status
+        self.deleted_job = plan.delete_job
+        return plan
+
+    def gone(self) -> None:
+        """The kubelet finished deleting every terminating pod."""
+        self.pods = {k: v for k, v in self.pods.items() if not v["metadata"].get("deletionTimestamp")}
+
+    def set_phase(self, name: str, phase: str, **status: Any) -> None:
+        self.pods[name]["status"] = {"phase": phase, **status}
+
+    def all_phase(self, phase: str) -> None:
+        for name in self.pods:
+            self.set_phase(name, phase)
+
+    @property
+    def phase(self) -> str:
+        return str(self.job["status"].get("phase"))
+
+
+def terminated(code: int, reason: str = "Error", message: str = "") -> dict[str, Any]:
+    return {"containerStatuses": [{"name": "trainer", "state": {"terminated": {
+        "exitCode": code, "reason": reason, "message": message}}}]}
+
+
+def job2(**run_policy: Any) -> dict[str, Any]:
+    b = make_job("j", "ns").nodes(2).classification()
+    if run_policy:
+        b.run_policy(**run_policy)
+    return b.build()
+
+
+def test_creates_everything_once_then_converges() -> None:
+    w = World(job2())
+    plan = w.step()
+    assert sorted(o["kind"] for o in plan.create) == ["ConfigMap", "Pod", "Pod", "Service"]
+    assert w.phase == "Pending" and w.job["status"]["startTime"] == "2026-12-02T10:00:01Z"
+    assert w.job["status"]["ranks"] == {"ready": 0, "total": 2}
+    assert w.job["status"]["worldSize"] == 2
+    again = w.step()
+    assert again.create == [] and again.delete_pods == [] and again.events == []
+
+
+def test_running_then_succeeded_keeps_finished_pods() -> None:
+    w = World(job2())
+    w.step()
+    w.all_phase("Running")
+    p = w.step()
+    assert w.phase == "Running" and w.job["status"]["ranks"] == {"ready": 2, "total": 2}
+    assert ("Normal", "Running", "2 processes on 2 pod(s)") in p.events
+    w.all_phase("Succeeded")
+    w.step()
+    assert w.phase == "Succeeded" and w.job["status"]["completionTime"]
+    cond = {c["type"]: c["status"] for c in w.job["status"]["conditions"]}
+    assert cond["Succeeded"] == "True" and cond["Running"] == "False"
+    after = w.step()
+    assert after.delete_pods == [] and after.create == []  # finished pods stay for their logs
+
+
+def test_precompiling_phase_from_init_container() -> None:
+    w = World(make_job("p").classification().cache(precompile=True).build())
+    w.step()
+    w.set_phase("p-rank-0", "Pending", initContainerStatuses=[{"name": "precompile", "state": {"running": {}}}])
+    w.step()
+    assert w.phase == "Precompiling"
+
+
+def test_rank_failure_restarts_whole_group_then_succeeds() -> None:
+    w = World(job2(backoffLimit=2))
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.set_phase("j-rank-1", "Failed", **terminated(1, message="RuntimeError: boom\n"))
+    p = w.step()
+    assert w.phase == "Restarting" and w.job["status"]["restartCount"] == 1
+    assert sorted(p.delete_pods) == ["j-rank-0", "j-rank-1"]  # the healthy rank goes too
+    assert "rank 1 (pod j-rank-1) failed: exit code 1" in w.job["status"]["message"]
+    assert "RuntimeError: boom" in w.job["status"]["message"]
+    assert w.job["status"]["failures"][-1]["exitCode"] == 1
+    assert p.events[0][0] == "Warning"
+    # Old pods still terminating: nothing is created under their names.
+    assert w.step().create == [] and w.phase == "Restarting"
+    w.gone()
+    p = w.step()
+    assert [o["metadata"]["labels"]["finetune.dev/attempt"] for o in p.create] == ["1", "1"]
+    w.all_phase("Running")
+    w.step()
+    w.all_phase("Succeeded")
+    w.step()
+    assert w.phase == "Succeeded" and w.job["status"]["restartCount"] == 1
+
+
+def test_backoff_limit_reached_fails_naming_rank_and_oom() -> None:
+    w = World(job2(backoffLimit=0))
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.set_phase("j-rank-0", "Failed", **terminated(137, "OOMKilled", "loading shard 3\n"))
+    p = w.step()
+    st = w.job["status"]
+    assert w.phase == "Failed" and st["reason"] == "OOMKilled"
+    assert "rank 0 (pod j-rank-0) failed: OOMKilled (exit code 137)" in st["message"]
+    assert "loading shard 3" in st["message"] and "backoffLimit 0 reached" in st["message"]
+    assert p.delete_pods == ["j-rank-1"]  # nothing keeps running; the failed pod stays for its logs
+    assert w.step().create == []  # terminal: never recreated
+
+
+def test_clean_pod_policy_all_deletes_finished_pods() -> None:
+    w = World(job2(cleanPodPolicy="All"))
+    w.step()
+    w.all_phase("Succeeded")
+    p = w.step()
+    assert w.phase == "Succeeded" and sorted(p.delete_pods) == ["j-rank-0", "j-rank-1"]
+
+
+def test_suspend_and_resume() -> None:
+    w = World(job2())
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.job["spec"]["runPolicy"]["suspend"] = True
+    p = w.step()
+    assert w.phase == "Suspended" and sorted(p.delete_pods) == ["j-rank-0", "j-rank-1"]
+    w.gone()
+    assert w.step().create == []  # no pods while suspended
+    w.job["spec"]["runPolicy"]["suspend"] = False
+    p = w.step()
+    assert len([o for o in p.create if o["kind"] == "Pod"]) == 2 and w.phase == "Pending"
+    assert w.job["status"]["restartCount"] == 0  # a resume is not a failure
+    cond = {c["type"]: c["status"] for c in w.job["status"]["conditions"]}
+    assert cond["Suspended"] == "False"
+
+
+def test_active_deadline() -> None:
+    w = World(job2(activeDeadlineSeconds=60))
+    p = w.step()
+    w.all_phase("Running")
+    p = w.step(seconds=30)
+    assert w.phase == "Running" and p.requeue_after is not None and 29 <= p.requeue_after <= 31
+    p = w.step(seconds=31)
+    assert w.phase == "Failed" and w.job["status"]["reason"] == "DeadlineExceeded"
+    assert sorted(p.delete_pods) == ["j-rank-0", "j-rank-1"]
+
+
+def test_ttl_after_finished_deletes_job() -> None:
+    w = World(job2(ttlSecondsAfterFinished=100))
+    w.step()
+    w.all_phase("Succeeded")
+    w.step()
+    p = w.step(seconds=50)
+    assert not p.delete_job and p.requeue_after is not None and 49 <= p.requeue_after <= 51
+    assert w.step(seconds=60).delete_job
+
+
+def test_mpi_launcher_success_stops_workers() -> None:
+    w = World(load_sample("cpu-distilbert-squad-mpi"))
+    p = w.step()
+    assert {o["kind"] for o in p.create} == {"Service", "ConfigMap", "Secret", "Pod"}
+    w.all_phase("Running")
+    w.step()
+    assert w.phase == "Running" and w.job["status"]["ranks"] == {"ready": 2, "total": 2}
+    w.set_phase("distilbert-squad-cpu-launcher", "Succeeded")
+    p = w.step()
+    assert w.phase == "Succeeded"
+    assert sorted(p.delete_pods) == ["distilbert-squad-cpu-worker-0", "distilbert-squad-cpu-worker-1"]
+
+
+def test_unschedulable_and_image_errors_surface_in_status() -> None:
+    w = World(make_job("u").profile("trn1").instance("trn1.32xlarge").procs(8).classification().build())
+    w.step()
+    w.set_phase("u-rank-0", "Pending", conditions=[{"type": "PodScheduled", "status": "False",
+                                                     "reason": "Unschedulable",
+                                                     "message": "0/3 nodes are available: Insufficient "
+                                                                "aws.amazon.com/neuron."}])
+    w.step()
+    assert w.job["status"]["reason"] == "Unschedulable"
+    assert "Insufficient aws.amazon.com/neuron" in w.job["status"]["message"]
+    w.set_phase("u-rank-0", "Pending", containerStatuses=[{"name": "trainer", "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": "pull access denied"}}}])
+    w.step()
+    assert w.job["status"]["message"] == "u-rank-0/trainer: ImagePullBackOff: pull access denied"
+
+
+def test_progress_lands_in_status() -> None:
+    w = World(job2())
+    w.step()
+    w.all_phase("Running")
+    prog = {"event": "train", "step": 5, "totalSteps": 10, "summary": "5/10 (50%)"}
+    w.step(progress=prog)
+    assert w.job["status"]["progress"] == prog
+
+
+def test_externally_deleted_pod_is_recreated() -> None:
+    w = World(job2())
+    w.step()
+    del w.pods["j-rank-1"]
+    p = w.step()
+    assert [o["metadata"]["name"] for o in p.create] == ["j-rank-1"]

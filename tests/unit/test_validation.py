@@ -1,0 +1,98 @@
+"""Admission rules as `ftjob render` applies them: every bad spec is rejected naming its field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from finetune_operator.admission import validate
+from finetune_operator.api.validation import InvalidSpec
+from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+
+@pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)
+def test_bad_spec_rejected_naming_field(case: BadSpec) -> None:
+    with pytest.raises(InvalidSpec) as exc:
+        validate(bad_job(case))
+    fields = [e.field for e in exc.value.errors]
+    assert case.field in fields, f"{case.id}: expected an error on {case.field}, got {exc.value}"
+
+
+def test_at_least_a_dozen_kinds_of_bad_spec() -> None:
+    assert len({c.field for c in BAD_SPECS}) >= 12
+
+
+def test_render_cli_exits_nonzero_with_field_and_fix(tmp_path) -> None:
+    job = bad_job(next(c for c in BAD_SPECS if c.id == "trn1-unplaceable-devices"))
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    r = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "spec.hardware.procsPerNode" in r.stderr
+    assert "set spec.hardware.procsPerNode to 1, 2, 8, 16 or 32" in r.stderr
+    assert r.stdout == ""
+
+
+def test_unknown_field_suggests_the_right_one() -> None:
+    job = make_job().classification().set("spec.hardware.procPerNode", 2).build()
+    with pytest.raises(InvalidSpec, match="did you mean procsPerNode"):
+        validate(job)
+
+
+def test_enum_typo_suggests_value() -> None:
+    job = make_job().classification().profile("xeon_amx").build()
+    with pytest.raises(InvalidSpec, match="did you mean xeon-amx"):
+        validate(job)
+
+
+def test_every_error_reported_at_once() -> None:
+    job = make_job().classification().training(precision="fp8", learningRate=-1).build()
+    with pytest.raises(InvalidSpec) as exc:
+        validate(job)
+    assert {"spec.training.precision", "spec.training.learningRate"} <= {e.field for e in exc.value.errors}
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
+def test_samples_are_valid(sample) -> None:
+    validate(yaml.safe_load(sample.read_text()))
+
+
+def test_defaults_applied_like_the_api_server() -> None:
+    job = validate(make_job().classification().build())
+    spec = job["spec"]
+    assert spec["hardware"]["nodes"] == 1
+    assert spec["task"]["maxLength"] == 128
+    assert spec["runPolicy"] == {"backoffLimit": 3, "cleanPodPolicy": "Running", "suspend": False}
+    assert spec["task"]["dataset"]["trainSplit"] == "train"
+    assert "training" not in spec  # object defaults only apply when the parent object is given
+    assert "launcher" not in spec  # derived from the profile, never defaulted into the stored object
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(
+    profile=st.sampled_from(["trn1", "trn2", "xeon-amx", "cpu", "nvidia"]),
+    nodes=st.integers(min_value=-2, max_value=40),
+    procs=st.one_of(st.none(), st.integers(min_value=-1, max_value=300)),
+    precision=st.sampled_from(["fp32", "bf16", "fp16"]),
+)
+def test_validation_is_total_and_consistent_with_render(profile, nodes, procs, precision) -> None:
+    """Any spec either validates and renders, or raises InvalidSpec naming a spec field: never a crash."""
+    from finetune_operator.builders import desired
+    from finetune_operator.sshkeys import generate_keys
+
+    b = make_job().profile(profile).nodes(nodes).classification().training(precision=precision)
+    if procs is not None:
+        b.procs(procs)
+    try:
+        job = validate(b.build())
+    except InvalidSpec as e:
+        assert all(err.field.startswith(("spec.", "metadata.")) for err in e.errors)
+        return
+    children = desired(job, ssh_keys=generate_keys("job"))
+    assert len(children.pods) >= children.layout.nodes
+    assert children.layout.procs_per_node >= 1
