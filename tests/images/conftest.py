@@ -28,9 +28,7 @@ FTJOB_UID = 1000
 class Docker:
     binary: str
 
-    def run(
-        self, args: Sequence[str], timeout: float = 120, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
+    def run(self, args: Sequence[str], timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([self.binary, *args], capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(

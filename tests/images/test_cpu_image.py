@@ -16,9 +16,7 @@ def _sh(docker: Docker, image: str, script: str, *extra: str, timeout: float = 1
 
 
 def test_runs_as_fixed_non_root_user(docker: Docker, image: str) -> None:
-    out = _sh(
-        docker, image, 'id -u; id -g; id -un; echo "$HOME"; touch "$HOME/x" /output/x /cache/x && echo w'
-    )
+    out = _sh(docker, image, 'id -u; id -g; id -un; echo "$HOME"; touch "$HOME/x" /output/x /cache/x && echo w')
     assert out.split() == [str(FTJOB_UID), str(FTJOB_UID), "ftjob", "/home/ftjob", "w"]
     config = json.loads(docker.run(["image", "inspect", "--format", "{{json .Config}}", image]).stdout)
     # Numeric, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
@@ -77,3 +75,93 @@ def test_build_ca_not_left_in_image(docker: Docker, image: str) -> None:
     for ca in local_cas:
         body = "".join(ca.read_text(encoding="utf-8").split("-----")[2].split())
         assert body[:200] not in "".join(out.split()), f"{ca} ended up in the image"
+
+
+EXAMPLE_JOB = REPO / "examples" / "jobs" / "demo-ja-config.json"
+
+
+def test_two_rank_training(docker: Docker, image: str, tmp_path: Path) -> None:
+    """torchrun --nproc-per-node 2 of the runtime's worker, with the env the operator sets (docs/architecture.md),
+    on the repository's own tiny model and data, offline (--network none), as UID 1000."""
+    config = json.loads(EXAMPLE_JOB.read_text(encoding="utf-8"))
+    # A few steps are enough to prove the image trains and writes its outputs; 2 cores are shared in CI.
+    config["jobName"] = "image-smoke"
+    config["training"].update({"maxSteps": 6, "batchSizePerDevice": 8, "logEverySteps": 2, "checkpointEverySteps": 3})
+    config["task"]["dataset"].update({"trainSamples": 96, "evalSamples": 32})
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    out_dir = tmp_path / "output"
+    out_dir.mkdir()
+    out_dir.chmod(0o777)  # written by UID 1000 in the container
+    env = {
+        "FTJOB_JOB_NAME": "image-smoke",
+        "FTJOB_NAMESPACE": "default",
+        "FTJOB_CONFIG": "/etc/ftjob/config.json",
+        "FTJOB_PROFILE": "cpu",
+        "FTJOB_BACKEND": "cpu",
+        "FTJOB_LAUNCHER": "torchrun",
+        "FTJOB_NNODES": "1",
+        "FTJOB_NPROC_PER_NODE": "2",
+        "FTJOB_NODE_RANK": "0",
+        "FTJOB_MASTER_ADDR": "127.0.0.1",
+        "FTJOB_MASTER_PORT": "29500",
+        "FTJOB_OUTPUT_DIR": "/output/image-smoke",
+        "FTJOB_CACHE_DIR": "/cache",
+        "FTJOB_MODE": "train",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    args = [
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--shm-size",
+        "256m",
+        # Relative paths in the example config (examples/...) resolve against the working directory.
+        "-w",
+        "/srv",
+        "-v",
+        f"{REPO / 'examples'}:/srv/examples:ro",
+        "-v",
+        f"{tmp_path / 'config.json'}:/etc/ftjob/config.json:ro",
+        "-v",
+        f"{out_dir}:/output",
+        "--tmpfs",
+        "/cache:mode=1777",
+    ]
+    for key, value in env.items():
+        args += ["-e", f"{key}={value}"]
+    args += [
+        image,
+        "torchrun",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--node-rank",
+        "0",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        "29500",
+        "-m",
+        "finetune_runtime",
+        "worker",
+    ]
+    proc = docker.run(args, timeout=900)
+
+    progress = [
+        json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("FTJOB_PROGRESS ")
+    ]
+    assert progress, proc.stdout[-3000:]
+    assert progress[-1]["event"] == "done"
+    assert progress[-1]["step"] == 6
+    # Only global rank 0 reports: one "done", not one per rank.
+    assert [p["event"] for p in progress].count("done") == 1
+    job_out = out_dir / "image-smoke"
+    model = job_out / "model"
+    assert (model / "config.json").is_file()
+    assert list(model.glob("*.safetensors")) or list(model.glob("*.bin"))
+    assert (model / "vocab.txt").is_file()  # the tokenizer travels with the model
+    metrics = json.loads((job_out / "metrics.json").read_text(encoding="utf-8"))
+    assert metrics

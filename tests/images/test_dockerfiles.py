@@ -43,9 +43,7 @@ def test_hadolint_clean(dockerfile: Path) -> None:
 
 
 def test_shellcheck_clean() -> None:
-    proc = subprocess.run(
-        [_tool("shellcheck"), *map(str, SCRIPTS)], capture_output=True, text=True, timeout=60
-    )
+    proc = subprocess.run([_tool("shellcheck"), *map(str, SCRIPTS)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -99,9 +97,7 @@ def test_neuron_versions_come_from_one_release() -> None:
     }
     for arg, version in release_2_31.items():
         assert f"ARG {arg}={version}\n" in dockerfile
-        assert (
-            f"${{{arg}}}*" in dockerfile
-        )  # the pin is used with apt's version glob (Debian revision suffix)
+        assert f"${{{arg}}}*" in dockerfile  # the pin is used with apt's version glob (Debian revision suffix)
     for pin in (
         "torch-neuronx==2.9.0.2.15.32035",
         "neuronx-cc==2.26.6360.0",
@@ -118,10 +114,7 @@ def test_xeon_ipex_stack_matches() -> None:
 
     pins = requirement_pins(IMAGES / "xeon" / "requirements-ipex.txt")
     major_minor = {
-        k: ".".join(pins[k].split(".")[:2])
-        for k in ("torch", "intel-extension-for-pytorch", "oneccl-bind-pt")
+        k: ".".join(pins[k].split(".")[:2]) for k in ("torch", "intel-extension-for-pytorch", "oneccl-bind-pt")
     }
     assert len(set(major_minor.values())) == 1, major_minor
-    assert "intel-extension-for-pytorch" not in requirement_pins(
-        IMAGES / "xeon" / "requirements-upstream.txt"
-    )
+    assert "intel-extension-for-pytorch" not in requirement_pins(IMAGES / "xeon" / "requirements-upstream.txt")
