@@ -1,5 +1,130 @@
-"""Command line of the runtime (placeholder replaced below)."""
+"""Command line: `ftjob-runtime <command>` / `python -m finetune_runtime <command>` (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from finetune_runtime.backends import MissingStackError
 
 
-def main() -> int:
+def _exec(argv: list[str], extra_env: dict[str, str] | None = None) -> int:
+    """Replace this process: signals from the kubelet reach torchrun/mpirun/sshd directly."""
+    env = {**os.environ, **(extra_env or {})}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(argv[0], argv, env)
+
+
+def cmd_worker(_: argparse.Namespace) -> int:
+    from finetune_runtime.train import run_worker
+
+    return run_worker()
+
+
+def cmd_launch(ns: argparse.Namespace) -> int:
+    from finetune_runtime.launcher import launch_plan
+
+    argv, extra = launch_plan(os.environ, ns.precompile)
+    print("ftjob-runtime launch: " + " ".join(argv), flush=True)
+    return _exec(argv, extra)
+
+
+def cmd_mpirun(_: argparse.Namespace) -> int:
+    from finetune_runtime.launcher import mpirun_command, parse_hostfile, write_ssh_config
+    from finetune_runtime.sshd import install_keys
+
+    home = Path(os.environ.get("HOME") or "/home/ftjob")
+    secret = Path(os.environ.get("FTJOB_SSH_SECRET_DIR") or "/etc/ftjob/ssh")
+    if secret.is_dir():
+        install_keys(secret, home, required=("id_ed25519",))
+    hostfile = os.environ.get("FTJOB_HOSTFILE", "")
+    hosts = [h.host for h in parse_hostfile(Path(hostfile).read_text())] if hostfile else []
+    write_ssh_config(os.environ, hosts, home)
+    argv = mpirun_command(os.environ)
+    print("ftjob-runtime mpirun: " + " ".join(argv), flush=True)
+    return _exec(argv)
+
+
+def cmd_sshd(_: argparse.Namespace) -> int:
+    from finetune_runtime.sshd import prepare_sshd
+
+    argv = prepare_sshd(os.environ, Path(os.environ.get("HOME") or "/home/ftjob"))
+    print("ftjob-runtime sshd: " + " ".join(argv), flush=True)
+    return _exec(argv)
+
+
+def cmd_wait_for(ns: argparse.Namespace) -> int:
+    from finetune_runtime.waitfor import Probe, split_host_port, wait_for
+
+    ssh_port = int(os.environ.get("FTJOB_SSH_PORT") or 2222)
+    probes = [Probe("dns", h) for h in ns.dns]
+    probes += [Probe("ssh", *split_host_port(h, ssh_port)) for h in ns.ssh]
+    probes += [Probe("tcp", *split_host_port(h, 0)) for h in ns.tcp]
+    if not probes:
+        print("wait-for: nothing to wait for (give --dns, --ssh or --tcp)", file=sys.stderr)
+        return 2
+    return 0 if wait_for(probes, ns.timeout, log=lambda m: print(m, flush=True)) else 1
+
+
+def cmd_selfcheck(_: argparse.Namespace) -> int:
+    from finetune_runtime.selfcheck import run_selfcheck
+
+    ok, report = run_selfcheck()
+    print(json.dumps(report, indent=2, ensure_ascii=False))
+    return 0 if ok else 1
+
+
+def cmd_build_vocab(ns: argparse.Namespace) -> int:
+    from finetune_runtime.vocab import build_vocab, texts_from_files, write_vocab
+
+    files = [Path(f) for f in ns.input]
+    tokens = build_vocab(list(texts_from_files(files, ns.field)), ns.lang, ns.vocab_size)
+    out = Path(ns.output)
+    write_vocab(tokens, out / "vocab.txt")
+    cfg = out / "config.json"
+    if cfg.exists():
+        # Keep the model's embedding table exactly as large as the vocabulary it was built for.
+        doc = json.loads(cfg.read_text(encoding="utf-8"))
+        doc["vocab_size"] = len(tokens)
+        cfg.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {len(tokens)} tokens to {out / 'vocab.txt'}")
     return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ftjob-runtime", description="finetune-operator in-pod runtime")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("worker", help="one training process (under torchrun or mpirun)").set_defaults(fn=cmd_worker)
+    lp = sub.add_parser("launch", help="torchrun rank pods: exec torchrun from the FTJOB_* env")
+    lp.add_argument("--precompile", action="store_true", help="trial run that fills the compile cache")
+    lp.set_defaults(fn=cmd_launch)
+    sub.add_parser("mpirun", help="MPI launcher pod: ssh config + exec mpirun").set_defaults(fn=cmd_mpirun)
+    sub.add_parser("sshd", help="MPI worker pods: install keys, run sshd").set_defaults(fn=cmd_sshd)
+    wp = sub.add_parser("wait-for", help="wait for DNS names / SSH / TCP endpoints, with a deadline")
+    wp.add_argument("--dns", nargs="*", default=[], metavar="HOST")
+    wp.add_argument("--ssh", nargs="*", default=[], metavar="HOST[:PORT]")
+    wp.add_argument("--tcp", nargs="*", default=[], metavar="HOST:PORT")
+    wp.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
+    wp.set_defaults(fn=cmd_wait_for)
+    sub.add_parser("selfcheck", help="image smoke test").set_defaults(fn=cmd_selfcheck)
+    bp = sub.add_parser("build-vocab", help="train a WordPiece vocab.txt on sample text")
+    bp.add_argument("--lang", choices=["ja", "en"], required=True)
+    bp.add_argument("--input", nargs="+", required=True, help="jsonl or SQuAD json files")
+    bp.add_argument("--field", nargs="*", default=["review_body", "text"], help="jsonl text fields")
+    bp.add_argument("--vocab-size", type=int, default=4000)
+    bp.add_argument("--output", required=True, help="model directory (vocab.txt; config.json vocab_size)")
+    bp.set_defaults(fn=cmd_build_vocab)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parser().parse_args(argv)
+    try:
+        return int(ns.fn(ns))
+    except MissingStackError as e:
+        print(f"ftjob-runtime: {e}", file=sys.stderr)
+        return 3

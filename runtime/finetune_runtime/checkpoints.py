@@ -1,0 +1,56 @@
+"""Checkpoint selection: resume from the newest COMPLETE checkpoint, never from a half-written one.
+
+HF Trainer writes `checkpoint-<step>/` file by file; a pod killed mid-save leaves a directory that looks like a
+checkpoint but cannot be resumed. The runtime writes a marker file once the Trainer reports the save finished
+(`on_save`), and only directories with the marker and the Trainer's state count as complete.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+COMPLETE_MARKER = "FTJOB_COMPLETE"
+TRAINER_STATE = "trainer_state.json"
+_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+            "pytorch_model.bin.index.json")
+
+
+def checkpoint_step(path: Path) -> int | None:
+    m = _CKPT_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def is_complete(path: Path) -> bool:
+    return (path.is_dir() and (path / COMPLETE_MARKER).is_file() and (path / TRAINER_STATE).is_file()
+            and any((path / w).is_file() for w in _WEIGHTS))
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    if not root.is_dir():
+        return []
+    found = [(s, p) for p in root.iterdir() if (s := checkpoint_step(p)) is not None and p.is_dir()]
+    return sorted(found)
+
+
+def newest_complete(root: Path) -> Path | None:
+    complete = [p for _, p in list_checkpoints(root) if is_complete(p)]
+    return complete[-1] if complete else None
+
+
+def incomplete(root: Path) -> list[Path]:
+    return [p for _, p in list_checkpoints(root) if not is_complete(p)]
+
+
+def mark_complete(path: Path) -> None:
+    (path / COMPLETE_MARKER).write_text("ok\n", encoding="utf-8")
+
+
+def remove_incomplete(root: Path) -> list[Path]:
+    """Delete partial checkpoints (rank 0 at start): the Trainer would otherwise reuse or rotate them."""
+    gone = incomplete(root)
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone

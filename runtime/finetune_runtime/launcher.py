@@ -1,0 +1,157 @@
+"""`launch` (torchrun rank pods) and `mpirun` (MPI launcher pod): command construction from the env contract.
+
+The builders are pure functions of an env mapping (unit-tested); the commands exec the result.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune_runtime.backends import IMAGES, MissingStackError
+
+# Variables mpirun must carry to the ranks on other hosts (OpenMPI forwards only what `-x` names; Hydra's
+# -genvall forwards everything). Prefixes cover the vendor variables the operator derives from the profile.
+FORWARD_PREFIXES = ("FTJOB_", "NEURON_", "FI_", "CCL_", "I_MPI_", "OMP_", "KMP_", "MALLOC_", "HF_", "TORCH",
+                    "TRANSFORMERS_", "PYTORCH_", "XLA_", "NCCL_", "CUDA_", "ONEDNN_", "DNNL_")
+FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "VIRTUAL_ENV", "HOME", "LANG", "LC_ALL",
+                 "MASTER_ADDR", "MASTER_PORT")
+DEFAULT_SSH_PORT = "2222"
+
+
+class LaunchError(RuntimeError):
+    """The environment lacks something the launcher needs; the message names the variable."""
+
+
+def _need(env: Mapping[str, str], name: str) -> str:
+    v = env.get(name)
+    if not v:
+        raise LaunchError(f"{name} is not set (see docs/architecture.md, environment contract)")
+    return v
+
+
+def torchrun_command(env: Mapping[str, str], python: str = sys.executable) -> list[str]:
+    return [
+        python, "-m", "torch.distributed.run",
+        "--nnodes", env.get("FTJOB_NNODES") or "1",
+        "--nproc-per-node", env.get("FTJOB_NPROC_PER_NODE") or "1",
+        "--node-rank", env.get("FTJOB_NODE_RANK") or "0",
+        "--master-addr", env.get("FTJOB_MASTER_ADDR") or "127.0.0.1",
+        "--master-port", env.get("FTJOB_MASTER_PORT") or "29500",
+        "-m", "finetune_runtime", "worker",
+    ]
+
+
+def launch_plan(env: Mapping[str, str], precompile: bool, python: str = sys.executable,
+                which: object = shutil.which) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra env) for `launch`. On Neuron, --precompile wraps torchrun in neuron_parallel_compile,
+    which runs a short trial to extract graphs and compiles them into NEURON_COMPILE_CACHE_URL; elsewhere the
+    same trial with FTJOB_MODE=precompile warms the torch.compile cache."""
+    cmd = torchrun_command(env, python)
+    extra: dict[str, str] = {}
+    if precompile:
+        extra["FTJOB_MODE"] = "precompile"
+        extra["FTJOB_PRECOMPILE_STEPS"] = env.get("FTJOB_PRECOMPILE_STEPS") or "16"
+        if (env.get("FTJOB_BACKEND") or "cpu") == "neuron":
+            npc = which("neuron_parallel_compile")  # type: ignore[operator]
+            if not npc:
+                raise MissingStackError("neuron_parallel_compile is not on PATH; precompiling for Neuron needs "
+                                        f"the {IMAGES['neuron']} image")
+            cmd = [str(npc), *cmd]
+    return cmd, extra
+
+
+# --- MPI --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HostSlots:
+    host: str
+    slots: int
+
+
+def parse_hostfile(text: str) -> list[HostSlots]:
+    """Both hostfile dialects: `host:N` (Hydra: MPICH, Intel MPI) and `host slots=N` (OpenMPI)."""
+    out = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if "slots=" in line:
+            host, _, rest = line.partition(" ")
+            slots = int(rest.split("slots=", 1)[1].split()[0])
+        elif ":" in line:
+            host, _, n = line.rpartition(":")
+            slots = int(n)
+        else:
+            host, slots = line, 1
+        out.append(HostSlots(host.strip(), slots))
+    return out
+
+
+def default_mpirun(impl: str, which: object = shutil.which) -> str:
+    """Debian installs mpirun.mpich and mpirun.openmpi side by side; plain `mpirun` is whichever the
+    alternatives system picked (OpenMPI when both are present), so prefer the implementation's own name."""
+    names = {"mpich": ["mpirun.mpich", "mpiexec.mpich", "mpirun"], "openmpi": ["mpirun.openmpi", "mpirun"],
+             "intel": ["mpirun", "mpiexec.hydra"]}[impl]
+    for n in names:
+        if which(n):  # type: ignore[operator]
+            return n
+    raise MissingStackError(f"no mpirun for {impl} on PATH (tried {', '.join(names)}); use the "
+                            f"{IMAGES['xeon']} image or install the MPI implementation")
+
+
+def forwarded_vars(env: Mapping[str, str]) -> list[str]:
+    return sorted(k for k in env if k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES)
+
+
+def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root: bool | None = None,
+                   which: object = shutil.which) -> list[str]:
+    impl = env.get("FTJOB_MPI_IMPLEMENTATION") or "openmpi"
+    if impl not in ("intel", "mpich", "openmpi"):
+        raise LaunchError(f"FTJOB_MPI_IMPLEMENTATION must be intel, mpich or openmpi, got {impl!r}")
+    hostfile = _need(env, "FTJOB_HOSTFILE")
+    world = _need(env, "FTJOB_WORLD_SIZE")
+    slots = _need(env, "FTJOB_MPI_SLOTS_PER_NODE")
+    binary = env.get("FTJOB_MPIRUN") or default_mpirun(impl, which)
+    worker = [python, "-m", "finetune_runtime", "worker"]
+    if impl in ("intel", "mpich"):
+        # Hydra: -genvall exports the launcher's whole environment to every rank.
+        return [binary, "-f", hostfile, "-n", world, "-ppn", slots, "-genvall", *worker]
+    root = (os.geteuid() == 0) if is_root is None else is_root
+    cmd = [binary, "--hostfile", hostfile, "-np", world, "--map-by", f"ppr:{slots}:node",
+           # Pinning every rank to one core starves the OpenMP threads torch starts; thread placement is left
+           # to OMP_*/KMP_* from the profile.
+           "--bind-to", "none"]
+    if root:
+        cmd.append("--allow-run-as-root")
+    for var in forwarded_vars(env):
+        cmd += ["-x", var]
+    return cmd + worker
+
+
+def ssh_config(env: Mapping[str, str], hosts: list[str], home: Path) -> str:
+    """~/.ssh/config for mpirun's ssh bootstrap (Hydra and OpenMPI both run plain `ssh HOST`).
+
+    `Host *` rather than the hostfile names: OpenMPI's daemons may ssh onward to names in other spellings."""
+    port = env.get("FTJOB_SSH_PORT") or DEFAULT_SSH_PORT
+    lines = [f"# written by ftjob-runtime mpirun for: {' '.join(hosts) or 'no hosts'}",
+             "Host *", f"  Port {port}", f"  IdentityFile {home / '.ssh' / 'id_ed25519'}", "  IdentitiesOnly yes",
+             # Host keys come from the job's own Secret, but pods get new IPs on restart: skip known_hosts
+             # bookkeeping rather than failing on a changed address.
+             "  StrictHostKeyChecking no", "  UserKnownHostsFile /dev/null", "  LogLevel ERROR",
+             "  ConnectTimeout 10", "  ServerAliveInterval 30"]
+    return "\n".join(lines) + "\n"
+
+
+def write_ssh_config(env: Mapping[str, str], hosts: list[str], home: Path) -> Path:
+    d = home / ".ssh"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    cfg = d / "config"
+    cfg.write_text(ssh_config(env, hosts, home), encoding="utf-8")
+    os.chmod(cfg, 0o600)
+    return cfg

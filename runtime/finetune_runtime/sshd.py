@@ -1,0 +1,73 @@
+"""`sshd` for MPI worker pods: install the job's keys with the modes ssh insists on, run sshd as the image user.
+
+The Secret is mounted read-only with mode 0400 and owned by root; sshd (StrictModes) and ssh refuse keys that
+others can read or that live in group-writable directories, so the files are copied into $HOME/.ssh.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+DEFAULT_SECRET_DIR = "/etc/ftjob/ssh"
+KEY_MODES = {"id_ed25519": 0o600, "id_ed25519.pub": 0o644, "authorized_keys": 0o600,
+             "ssh_host_ed25519_key": 0o600, "ssh_host_ed25519_key.pub": 0o644}
+
+
+def install_keys(secret_dir: Path, home: Path, required: tuple[str, ...] = tuple(KEY_MODES)) -> Path:
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, os.stat(home).st_mode & ~0o022)  # StrictModes also checks the home directory
+    os.chmod(ssh_dir, 0o700)
+    missing = [n for n in required if not (secret_dir / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"ssh secret {secret_dir} lacks {', '.join(missing)}")
+    for name, mode in KEY_MODES.items():
+        src = secret_dir / name
+        if not src.is_file():
+            continue
+        dst = ssh_dir / name
+        if dst.exists():
+            os.chmod(dst, 0o600)  # a previous copy is 0400/0644: make it writable to replace it
+        shutil.copyfile(src, dst)
+        os.chmod(dst, mode)
+    return ssh_dir
+
+
+def sshd_config(ssh_dir: Path, port: str) -> str:
+    return "\n".join([
+        f"Port {port}",
+        f"HostKey {ssh_dir / 'ssh_host_ed25519_key'}",
+        f"AuthorizedKeysFile {ssh_dir / 'authorized_keys'}",
+        f"PidFile {ssh_dir / 'sshd.pid'}",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PubkeyAuthentication yes",
+        # Non-root sshd cannot use PAM or privilege separation; it can only log in as its own user.
+        "UsePAM no",
+        "StrictModes yes",
+        "PermitUserEnvironment no",
+        "PrintMotd no",
+        "AcceptEnv FTJOB_* OMP_* KMP_* CCL_* FI_* NEURON_* I_MPI_*",
+        "LogLevel INFO",
+    ]) + "\n"
+
+
+def sshd_plan(env: Mapping[str, str], home: Path) -> tuple[list[str], Path]:
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    ssh_dir = home / ".ssh"
+    cfg = ssh_dir / "sshd_config"
+    return [sshd, "-D", "-e", "-f", str(cfg)], cfg
+
+
+def prepare_sshd(env: Mapping[str, str], home: Path) -> list[str]:
+    secret = Path(env.get("FTJOB_SSH_SECRET_DIR") or DEFAULT_SECRET_DIR)
+    ssh_dir = install_keys(secret, home)
+    argv, cfg = sshd_plan(env, home)
+    cfg.write_text(sshd_config(ssh_dir, env.get("FTJOB_SSH_PORT") or "2222"), encoding="utf-8")
+    os.chmod(cfg, 0o600)
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # root sshd wants its privilege-separation dir
+    return argv
