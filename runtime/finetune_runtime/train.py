@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from finetune_runtime import checkpoints, data, squad
-from finetune_runtime.backends import BackendPlan, backend_from_env, optimize_for_backend, plan_backend, \
-    prepare_process
+from finetune_runtime.backends import BackendPlan, backend_from_env, optimize_for_backend, plan_backend, prepare_process
 from finetune_runtime.config import QUESTION_ANSWERING, JobConfig, TaskConfig, load_config
 from finetune_runtime.distenv import DistInfo, apply_distributed_env
 from finetune_runtime.progress import ProgressEmitter, clean_metrics, utc_now
@@ -193,14 +192,16 @@ def _trainer_classes() -> tuple[Any, Any]:
             self.save_each_epoch = save_each_epoch
             self.t0 = self.t_last = time.monotonic()
             self.step0 = self.step_last = 0
+            self.last_eval: tuple[int, dict[str, Any]] | None = None
+            self.last_saved = -1
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.t0 = self.t_last = time.monotonic()
             self.step0 = self.step_last = state.global_step  # after a resume, count from where it resumed
 
         def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
-            # Never lose an epoch of work; skip when the step schedule has just saved this very step.
-            if self.save_each_epoch and state.global_step % max(1, args.save_steps) != 0:
+            # Never lose an epoch of work; skip when this very step was just saved (step schedule, last step).
+            if self.save_each_epoch and self.last_saved != state.global_step:
                 control.should_save = True
             return control
 
@@ -222,10 +223,12 @@ def _trainer_classes() -> tuple[Any, Any]:
 
         def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
                         **kw: Any) -> None:
+            self.last_eval = (state.global_step, dict(metrics or {}))
             self.emitter.emit("eval", step=state.global_step, totalSteps=state.max_steps,
                               epoch=round(float(state.epoch or 0), 4), metrics=clean_metrics(metrics or {}))
 
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.last_saved = state.global_step
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if state.is_world_process_zero and ckpt.is_dir():
                 checkpoints.mark_complete(ckpt)
@@ -294,6 +297,9 @@ def training_arguments(cfg: JobConfig, plan: BackendPlan, info: DistInfo, out_di
     }
     if info.world_size > 1 and plan.ddp_backend:
         kw["ddp_backend"] = plan.ddp_backend
+        # Classification heads use every parameter; QA heads leave BERT's pooler unused, which DDP must know.
+        # Skipping the unused-parameter search where it is not needed saves a graph traversal per step.
+        kw["ddp_find_unused_parameters"] = cfg.task is not None and cfg.task.type == QUESTION_ANSWERING
     if precompile:
         kw["eval_strategy"] = "no"
     elif t.eval_every_steps:
@@ -414,9 +420,14 @@ def run_worker() -> int:
     log.info("job %s/%s: %s on %s, rank %d of %d (%s), mode %s", cfg.namespace, cfg.job_name, task.type,
              plan.name, info.rank, info.world_size, info.source, "precompile" if precompile else "train")
 
-    import transformers
+    if "OMP_NUM_THREADS" not in env:
+        # mpirun (unlike torchrun) leaves OMP_NUM_THREADS unset: split the cores between the local ranks
+        # instead of letting each rank start one thread per core.
+        import torch
 
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, info.local_world_size)))
     import datasets
+    import transformers
 
     transformers.logging.set_verbosity_warning()
     transformers.utils.logging.disable_progress_bar()
@@ -487,7 +498,11 @@ def run_worker() -> int:
                      or os.environ.get("NEURON_COMPILE_CACHE_URL"), time=utc_now())
         return 0
 
-    eval_metrics = trainer.evaluate()
+    # The epoch schedule usually evaluated the final step already; evaluate again only when it did not.
+    if callback.last_eval is not None and callback.last_eval[0] == trainer.state.global_step:
+        eval_metrics = callback.last_eval[1]
+    else:
+        eval_metrics = trainer.evaluate()
     final = clean_metrics(eval_metrics)
     if trainer.is_world_process_zero():
         trainer.save_model(str(paths.model))

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (each hand-written Japanese sentence stays whole on its line, easier to review)
 """Writes train.jsonl / validation.jsonl: Japanese product reviews we wrote ourselves (no downloads).
 
 Every sentence below was written by hand for its category and rating; a review joins an opening, one or two
