@@ -145,3 +145,7 @@ def popen_group() -> Iterator[Callable[..., subprocess.Popen[str]]]:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout=30)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "tf457: the reduced subset also run under transformers 4.57 (.venv-tf457)")

@@ -1,0 +1,152 @@
+"""Real trainings on CPU: 2-rank torchrun and mpirun (MPICH, OpenMPI) of both tasks, kill + resume, the
+accuracy of the demo job, the dataset cache, torch.compile precompile. Tiny models, few steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import DEMO_CONFIG, SQUAD_CONFIG, job_config, poll, run_runtime, runtime_argv, runtime_env
+from finetune_runtime import checkpoints
+
+pytestmark = pytest.mark.slow
+
+
+def _check_progress_stream(records: list[dict[str, object]], total: int) -> None:
+    train = [r for r in records if r["event"] == "train"]
+    assert train, "no train progress lines"
+    steps = [int(str(r["step"])) for r in train]
+    assert steps == sorted(steps) and steps[-1] <= total
+    for r in train:
+        assert r["totalSteps"] == total and isinstance(r["loss"], float)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", str(r["time"]))
+    assert records[-1]["event"] == "done"
+
+
+@pytest.mark.tf457
+def test_demo_job_torchrun_two_ranks_accuracy_and_pipeline(tmp_path: Path) -> None:
+    """The demo config exactly as shipped (examples/jobs/demo-ja-config.json), 2 ranks, gloo."""
+    cfg = job_config(DEMO_CONFIG).write(tmp_path / "config.json")
+    run = run_runtime(["launch"], runtime_env(tmp_path, cfg), tmp_path)
+    assert run.rc == 0, run.out[-4000:]
+    assert "rank 0 of 2 (torchrun)" in run.out
+    assert "initialising the model from its config" in run.out
+    done = run.done
+    _check_progress_stream(run.progress, int(done["totalSteps"]))
+    metrics = json.loads((run.output_dir / "metrics.json").read_text())
+    assert metrics["evalRows"] == 64 and metrics["worldSize"] == 2
+    # The eval split is balanced (32 negative / 32 positive): chance is 0.5.
+    assert done["metrics"]["accuracy"] >= 0.7, done
+    assert metrics["eval"]["accuracy"] == done["metrics"]["accuracy"]
+    assert run.events("eval") and run.events("checkpoint")
+    for c in run.events("checkpoint"):
+        assert checkpoints.is_complete(Path(str(c["path"])))
+
+    from finetune_runtime.tokenization import load_tokenizer
+    from transformers import pipeline
+
+    model_dir = run.output_dir / "model"
+    clf = pipeline("text-classification", model=str(model_dir), tokenizer=load_tokenizer(str(model_dir)),
+                   device="cpu")
+    good, bad = clf(["家族にも好評で大満足です。本当におすすめです。",
+                     "最悪です。すぐに壊れました。二度と買いません。"])
+    assert good["label"] == "positive" and bad["label"] == "negative", (good, bad)
+    preds = json.loads((run.output_dir / "predictions.json").read_text())
+    assert len(preds["predictions"]) == 3
+    assert {p["label"] for p in preds["predictions"]} <= {"negative", "positive"}
+
+
+@pytest.mark.tf457
+def test_question_answering_torchrun_two_ranks(tmp_path: Path) -> None:
+    cfg = job_config(SQUAD_CONFIG).training(maxSteps=6, checkpointEverySteps=3, logEverySteps=2) \
+        .write(tmp_path / "config.json")
+    run = run_runtime(["launch"], runtime_env(tmp_path, cfg), tmp_path)
+    assert run.rc == 0, run.out[-4000:]
+    done = run.done
+    assert done["step"] == 6 and set(done["metrics"]) >= {"exact_match", "f1"}
+    assert 0.0 <= done["metrics"]["f1"] <= 100.0
+    _check_progress_stream(run.progress, 6)
+    preds = json.loads((run.output_dir / "predictions.json").read_text())
+    assert len(preds["predictions"]) == 3
+    for p in preds["predictions"]:
+        assert p["answer"] in p["context"]
+    assert (run.output_dir / "model" / "config.json").exists()
+    assert (run.output_dir / "model" / "vocab.txt").exists()
+
+
+def test_killed_run_resumes_from_newest_complete_checkpoint(tmp_path: Path, popen_group) -> None:  # type: ignore[no-untyped-def]
+    cfg = job_config(DEMO_CONFIG).training(maxSteps=60, epochs=100, checkpointEverySteps=5, logEverySteps=1,
+                                           batchSizePerDevice=8).write(tmp_path / "config.json")
+    env = runtime_env(tmp_path, cfg)
+    ckpt_root = tmp_path / "output" / "checkpoints"
+    with (tmp_path / "first.log").open("w") as log:
+        proc = popen_group(runtime_argv("launch"), env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+        poll(lambda: checkpoints.newest_complete(ckpt_root) or proc.poll() is not None, 300,
+             "the first complete checkpoint")
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole pod dies: launcher and ranks
+        proc.wait(timeout=60)
+    first = (tmp_path / "first.log").read_text()
+    assert "cache miss" in first
+    newest = checkpoints.newest_complete(ckpt_root)
+    assert newest is not None
+    killed_at = checkpoints.checkpoint_step(newest)
+    assert killed_at is not None and killed_at < 60
+
+    run = run_runtime(["launch"], {**env, "FTJOB_MASTER_PORT": str(int(env["FTJOB_MASTER_PORT"]) + 1)}, tmp_path)
+    assert run.rc == 0, run.out[-4000:]
+    assert f"resuming from {ckpt_root}/checkpoint-" in run.out
+    assert "cache hit" in run.out, "the second run must reuse the tokenised dataset"
+    resumed = json.loads((run.output_dir / "metrics.json").read_text())["resumedFrom"]
+    resumed_step = checkpoints.checkpoint_step(Path(resumed))
+    assert resumed_step is not None and resumed_step >= killed_at
+    train = run.events("train")
+    assert train[0]["step"] > resumed_step, "global step continues, not from 0"
+    assert run.done["step"] == 60
+
+
+def _mpi_env(tmp_path: Path, cfg: Path, impl: str) -> dict[str, str]:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n" if impl == "openmpi" else "localhost:2\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    return runtime_env(tmp_path, cfg, FTJOB_LAUNCHER="mpi", FTJOB_MPI_IMPLEMENTATION=impl,
+                       FTJOB_HOSTFILE=str(hostfile), FTJOB_WORLD_SIZE="2", FTJOB_MPI_SLOTS_PER_NODE="2",
+                       FTJOB_SSH_SECRET_DIR=str(tmp_path / "no-secret"), HOME=str(home))
+
+
+@pytest.mark.parametrize("impl", ["mpich", "openmpi"])
+@pytest.mark.parametrize("task", ["text-classification", "question-answering"])
+def test_mpirun_two_ranks(tmp_path: Path, impl: str, task: str) -> None:
+    base = DEMO_CONFIG if task == "text-classification" else SQUAD_CONFIG
+    cfg = job_config(base).training(maxSteps=4, checkpointEverySteps=2, logEverySteps=1) \
+        .write(tmp_path / "config.json")
+    env = _mpi_env(tmp_path, cfg, impl)
+    run = run_runtime(["mpirun"], env, tmp_path)
+    assert run.rc == 0, run.out[-4000:]
+    source = "openmpi" if impl == "openmpi" else "hydra"
+    assert f"rank 0 of 2 ({source})" in run.out  # PMI_*/OMPI_* were mapped onto RANK/WORLD_SIZE
+    assert (tmp_path / "home" / ".ssh" / "config").exists()
+    assert run.done["step"] == 4
+    assert json.loads((run.output_dir / "metrics.json").read_text())["worldSize"] == 2
+    key = "accuracy" if task == "text-classification" else "exact_match"
+    assert key in run.done["metrics"]
+
+
+def test_precompile_warms_the_torch_compile_cache(tmp_path: Path) -> None:
+    cfg = job_config(DEMO_CONFIG).training(compile=True, batchSizePerDevice=4).task(maxLength=32) \
+        .write(tmp_path / "config.json")
+    env = runtime_env(tmp_path, cfg, FTJOB_NPROC_PER_NODE="1", FTJOB_PRECOMPILE_STEPS="2")
+    run = run_runtime(["launch", "--precompile"], env, tmp_path, timeout=540)
+    assert run.rc == 0, run.out[-4000:]
+    pre = run.events("precompile")
+    assert pre and pre[-1].get("complete") is True and pre[-1]["step"] == 2
+    assert not run.events("done") and not (run.output_dir / "model").exists()
+    cache = tmp_path / "cache" / "torch-compile"
+    assert pre[-1]["cacheDir"] == str(cache)
+    assert sum(1 for p in cache.rglob("*") if p.is_file()) > 0, "inductor wrote nothing to the cache"
