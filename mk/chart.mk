@@ -2,7 +2,7 @@
 CHART_DIR := charts/finetune-operator
 CRD_COPIES := $(CHART_DIR)/crds/finetunejobs.yaml manifests/crd/finetunejobs.yaml
 
-.PHONY: generate generate-crds test-chart chart-lint
+.PHONY: generate generate-crds test-chart test-chart-install chart-lint
 
 # Other areas may add their own generators as prerequisites of `generate`.
 generate: generate-crds ## Regenerate every generated file
@@ -16,7 +16,12 @@ generate-crds: setup ## Copy `ftjob crd` into the chart's crds/ and manifests/cr
 chart-lint: ## helm lint --strict the chart (pinned helm)
 	"$$(tools/cluster/bin/ftjob-tool helm)" lint --strict $(CHART_DIR)
 
-test-chart: setup ## Chart tier: lint, render assertions, values schema, OpenAPI validation, kustomize parity, CRD drift
-	$(PY) -m pytest -q tests/chart
+test-chart: setup ## Chart tier: lint, render assertions, values schema, OpenAPI validation, kustomize parity, CRD drift, EKS guide files
+	$(PY) -m pytest -q -m "not controlplane" tests/chart
 
-TEST_TIERS += test-chart
+# Needs the control-plane binaries (k8s-bins, mk/cluster.mk): helm install into a real apiserver, then the
+# operator reconciling samples with the chart's RBAC, config and args.
+test-chart-install: setup k8s-bins ## Chart tier on a real control plane: helm install, PSS admission, operator with the chart's RBAC
+	$(PY) -m pytest -q -m controlplane tests/chart
+
+TEST_TIERS += test-chart test-chart-install

@@ -53,9 +53,7 @@ class Yaml12Loader(yaml.SafeLoader):
 
 Yaml12Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(
-        r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"
-    ),
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"),
     list("-+0123456789."),
 )
 
@@ -117,9 +115,7 @@ class Renderer:
         self.tmp = tmp
         self.count = 0
 
-    def run(
-        self, values: Values | None = None, namespace: str = NAMESPACE, extra: Iterable[str] = ()
-    ) -> HelmResult:
+    def run(self, values: Values | None = None, namespace: str = NAMESPACE, extra: Iterable[str] = ()) -> HelmResult:
         self.count += 1
         vfile = self.tmp / f"values-{self.count}.yaml"
         vfile.write_text(json.dumps((values or Values()).data))  # JSON is YAML; no quoting surprises
@@ -131,9 +127,7 @@ class Renderer:
         return self.run(values, namespace).objects
 
 
-def find(
-    objs: list[Manifest], kind: str, name: str | None = None, namespace: str | None = None
-) -> list[Manifest]:
+def find(objs: list[Manifest], kind: str, name: str | None = None, namespace: str | None = None) -> list[Manifest]:
     return [
         o
         for o in objs

@@ -66,9 +66,7 @@ def test_every_variable_is_set_before_use() -> None:
     """A reader pasting block after block never hits an unset variable."""
     defined: set[str] = set()
     for block in bash_blocks():
-        text = HEREDOC.sub(
-            lambda m: m.group(0).replace(m["body"], m["body"] if not m["quote"] else ""), block
-        )
+        text = HEREDOC.sub(lambda m: m.group(0).replace(m["body"], m["body"] if not m["quote"] else ""), block)
         for line in text.splitlines():
             for name in re.findall(r"(?:^|[\s;])(?:export\s+)?([A-Z][A-Z0-9_]*)=", line):
                 defined.add(name)
@@ -80,9 +78,7 @@ def test_every_variable_is_set_before_use() -> None:
                 assert used in defined, f"${used} is used before it is set in: {line.strip()}"
 
 
-def test_values_file_renders_the_chart_in_namespaced_mode(
-    files: dict[str, str], helm: str, tmp_path: Path
-) -> None:
+def test_values_file_renders_the_chart_in_namespaced_mode(files: dict[str, str], helm: str, tmp_path: Path) -> None:
     values = tmp_path / "values-eks.yaml"
     values.write_text(files["values-eks.yaml"])
     out = subprocess.run(

@@ -31,9 +31,7 @@ def normalized(obj: Manifest) -> Manifest:
 
 
 def by_identity(objs: list[Manifest]) -> dict[tuple[str, str, str], Manifest]:
-    return {
-        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): normalized(o) for o in objs
-    }
+    return {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): normalized(o) for o in objs}
 
 
 def kustomize(kubectl: str) -> list[Manifest]:

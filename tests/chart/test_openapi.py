@@ -25,9 +25,7 @@ RENDERS: list[tuple[str, Values]] = [
     (
         "non-default",
         Values()
-        .set(
-            {"operator": {"imagePullSecrets": [{"name": "regcred"}], "tolerations": [{"operator": "Exists"}]}}
-        )
+        .set({"operator": {"imagePullSecrets": [{"name": "regcred"}], "tolerations": [{"operator": "Exists"}]}})
         .network_policy(extraIngress=[{"from": [{"namespaceSelector": {}}], "ports": [{"port": 9100}]}]),
     ),
 ]
@@ -55,9 +53,7 @@ def validate_all(objs: list[Manifest], k8s_version: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("case", "values"), RENDERS, ids=[c[0] for c in RENDERS])
-def test_rendered_chart_is_valid_openapi(
-    render: Renderer, k8s_version: str, case: str, values: Values
-) -> None:
+def test_rendered_chart_is_valid_openapi(render: Renderer, k8s_version: str, case: str, values: Values) -> None:
     objs = render(values)
     checked = validate_all(objs, k8s_version)
     skipped = [o["kind"] for o in objs if (o["apiVersion"], o["kind"]) in FOREIGN_KINDS]
@@ -84,8 +80,6 @@ def test_validation_catches_a_misspelt_security_field(render: Renderer, k8s_vers
     objs = render()
     deployment = next(o for o in objs if o["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    container["securityContext"]["readOnlyRootFileSystem"] = container["securityContext"].pop(
-        "readOnlyRootFilesystem"
-    )
+    container["securityContext"]["readOnlyRootFileSystem"] = container["securityContext"].pop("readOnlyRootFilesystem")
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, k8s_version, strict=True)

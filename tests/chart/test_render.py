@@ -64,9 +64,7 @@ def bound_subjects(binding: Manifest) -> list[tuple[str, str, str]]:
 def test_helm_lint_default_and_all_features(helm: str, tmp_path: Any) -> None:
     values = tmp_path / "all.yaml"
     values.write_text(
-        yaml.safe_dump(
-            Values().namespaced("team-a", "team-b").cache_pvc().service_monitor().network_policy().data
-        )
+        yaml.safe_dump(Values().namespaced("team-a", "team-b").cache_pvc().service_monitor().network_policy().data)
     )
     for extra in ([], ["-f", str(values)]):
         out = subprocess.run(
@@ -163,9 +161,7 @@ def test_runtime_images_keep_explicit_tags_and_digests(render: Renderer) -> None
 
 def test_config_change_rolls_the_operator_pod(render: Renderer) -> None:
     def checksum(objs: list[Manifest]) -> str:
-        return str(
-            operator_deployment(objs)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-        )
+        return str(operator_deployment(objs)["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
 
     before = checksum(render())
     after = checksum(render(Values().set({"runtimeImages": {"cpu": "other/cpu:1"}})))
@@ -200,16 +196,12 @@ def test_namespaced_mode_has_a_role_per_namespace_and_only_crd_read_cluster_wide
         # The service account lives in the release namespace, not in the watched one.
         assert bound_subjects(binding) == [("ServiceAccount", "finetune-operator", "ops")]
     assert {r["metadata"]["namespace"] for r in find(objs, "Role")} == {"team-a", "team-b"}
-    args = one(objs, "Deployment", "finetune-operator", "ops")["spec"]["template"]["spec"]["containers"][0][
-        "args"
-    ]
+    args = one(objs, "Deployment", "finetune-operator", "ops")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[-2:] == ["--namespace=team-a", "--namespace=team-b"]
 
 
 def test_rbac_create_false_renders_no_roles(render: Renderer) -> None:
-    objs = render(
-        Values().set({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}})
-    )
+    objs = render(Values().set({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}}))
     assert not [o for o in objs if o["kind"].endswith(("Role", "RoleBinding"))]
     assert find(objs, "ServiceAccount") == []
     assert operator_deployment(objs)["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
@@ -223,9 +215,7 @@ def test_rbac_create_false_renders_no_roles(render: Renderer) -> None:
         (Values().cache_pvc(namespaces=["ml"]).namespaced("team-a"), ["ml"]),
     ],
 )
-def test_cache_pvc_is_rwx_in_each_job_namespace(
-    render: Renderer, values: Values, namespaces: list[str]
-) -> None:
+def test_cache_pvc_is_rwx_in_each_job_namespace(render: Renderer, values: Values, namespaces: list[str]) -> None:
     claims = find(render(values), "PersistentVolumeClaim")
     assert sorted(c["metadata"]["namespace"] for c in claims) == namespaces
     for claim in claims:
@@ -237,9 +227,7 @@ def test_cache_pvc_is_rwx_in_each_job_namespace(
 
 
 def test_cache_pvc_storage_class_size_and_keep(render: Renderer) -> None:
-    values = Values().cache_pvc(
-        storageClassName="fsx-sc", size="1200Gi", keepOnUninstall=False, name="neuron"
-    )
+    values = Values().cache_pvc(storageClassName="fsx-sc", size="1200Gi", keepOnUninstall=False, name="neuron")
     claim = one(render(values), "PersistentVolumeClaim", "neuron", NAMESPACE)
     assert claim["spec"]["storageClassName"] == "fsx-sc"
     assert claim["spec"]["resources"]["requests"]["storage"] == "1200Gi"

@@ -1,0 +1,295 @@
+"""`helm install` of the chart into a real control plane, then the operator reconciling with what it installed.
+
+The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler from tools/cluster) has no
+kubelet, so the operator Deployment's pod never runs; the operator runs here as a local process instead, but
+with exactly what the chart gives it in a cluster:
+- its credentials are a token of the chart's ServiceAccount, so every API call goes through the chart's
+  RBAC (a missing verb shows up as a 403 and a job that never gets its children);
+- its --config is the chart's ConfigMap content, read back from the cluster;
+- its --namespace flags are the Deployment's args.
+The release namespace enforces the restricted Pod Security Standard, so the real PodSecurity admission
+plugin decides whether the Deployment's pod may be created.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chartlib import CHART, REPO, load_all
+
+sys.path.insert(0, str(REPO / "tools" / "cluster"))
+from ftjob_cluster import bins
+from ftjob_cluster.localcluster import LocalCluster, wait_for
+
+pytestmark = pytest.mark.controlplane
+SAMPLES = REPO / "manifests" / "samples"
+RELEASE = "ftop"
+CPU_IMAGE = "registry.example:5000/ft/cpu:chart-test"
+
+
+class Kubectl:
+    def __init__(self, binary: str, kubeconfig: Path) -> None:
+        self.binary = binary
+        self.kubeconfig = kubeconfig
+
+    def __call__(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        proc = subprocess.run(
+            [self.binary, f"--kubeconfig={self.kubeconfig}", *args],
+            input=input, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed:\n{proc.stderr}")
+        return proc.stdout
+
+    def get(self, *args: str) -> Any:
+        out = self(*args, "-o", "yaml", check=False)
+        return yaml.safe_load(out) if out else None
+
+
+@pytest.fixture(scope="module")
+def admin_kubeconfig() -> Iterator[Path]:
+    """A cluster for this module: $FTJOB_KUBECONFIG when set (e.g. kind), else a LocalCluster."""
+    external = os.environ.get("FTJOB_KUBECONFIG")
+    if external:
+        yield Path(external)
+        return
+    cluster = LocalCluster().start()
+    failed = True
+    try:
+        yield cluster.kubeconfig
+        failed = False
+    finally:
+        cluster.stop(keep_directory=failed)
+
+
+@pytest.fixture(scope="module")
+def kubectl(admin_kubeconfig: Path) -> Kubectl:
+    return Kubectl(str(bins.ensure_binary("kubectl")), admin_kubeconfig)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def service_account_kubeconfig(kubectl: Kubectl, namespace: str, sa: str, dest: Path) -> Path:
+    """The admin kubeconfig's cluster entry with a TokenRequest token of `sa` as the only credential."""
+    admin = yaml.safe_load(kubectl.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    token = kubectl("create", "token", sa, "-n", namespace, "--duration=1h").strip()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": sa}}],
+        "current-context": "sa",
+    }
+    # A relative certificate-authority path in the admin kubeconfig must keep pointing at the same file.
+    ca = cluster.get("certificate-authority")
+    if ca and not os.path.isabs(ca):
+        cluster["certificate-authority"] = str((kubectl.kubeconfig.parent / ca).resolve())
+    dest.write_text(yaml.safe_dump(config))
+    return dest
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status), resp.read().decode()
+    except OSError:
+        return 0, ""
+
+
+@pytest.fixture(scope="module")
+def installed(kubectl: Kubectl, helm: str) -> Iterator[dict[str, str]]:
+    suffix = uuid.uuid4().hex[:6]
+    release_ns, jobs_ns = f"ftop-{suffix}", f"jobs-{suffix}"
+    for ns in (release_ns, jobs_ns):
+        kubectl("create", "namespace", ns)
+    kubectl("label", "namespace", release_ns, "pod-security.kubernetes.io/enforce=restricted")
+    cmd = [
+        helm, "install", RELEASE, str(CHART), "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns,
+        "--set", f"watchNamespaces={{{jobs_ns}}}", "--set", "cachePVC.create=true",
+        "--set", "networkPolicy.enabled=true", "--set", f"runtimeImages.cpu={CPU_IMAGE}",
+    ]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    try:
+        yield {"release": release_ns, "jobs": jobs_ns, "notes": out.stdout}
+    finally:
+        subprocess.run([helm, "uninstall", RELEASE, "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_install_creates_the_chart_objects(kubectl: Kubectl, installed: dict[str, str]) -> None:
+    release_ns, jobs_ns = installed["release"], installed["jobs"]
+    crd = kubectl.get("crd", "finetunejobs.finetune.dev")
+    assert crd["spec"]["versions"][0]["name"] == "v1alpha1"
+    assert kubectl.get("role", RELEASE, "-n", jobs_ns)["rules"]
+    assert kubectl.get("rolebinding", RELEASE, "-n", jobs_ns)["subjects"][0]["namespace"] == release_ns
+    assert kubectl.get("pvc", "finetune-cache", "-n", jobs_ns)["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert kubectl.get("networkpolicy", f"{RELEASE}-finetune-operator-ranks", "-n", jobs_ns)
+    assert "Mode: namespaced" in installed["notes"]
+
+
+def test_operator_pod_passes_restricted_pod_security_admission(kubectl: Kubectl, installed: dict[str, str]) -> None:
+    """The ReplicaSet controller creates the pod only if PodSecurity admission (enforce=restricted) allows it."""
+    ns = installed["release"]
+
+    def pod_or_rejection() -> str | None:
+        pods = kubectl.get("pods", "-n", ns, "-l", "app.kubernetes.io/instance=" + RELEASE)
+        if pods and pods["items"]:
+            return "created"
+        for rs in (kubectl.get("replicasets", "-n", ns) or {}).get("items", []):
+            for cond in rs.get("status", {}).get("conditions", []):
+                if cond["type"] == "ReplicaFailure":
+                    return "rejected: " + cond.get("message", "")
+        return None
+
+    assert wait_for(pod_or_rejection, timeout=90, message="operator pod or ReplicaFailure") == "created"
+
+
+@pytest.fixture(scope="module")
+def operator(kubectl: Kubectl, installed: dict[str, str]) -> Iterator[dict[str, Any]]:
+    release_ns = installed["release"]
+    work = Path(tempfile.mkdtemp(prefix="ftop-chart-"))
+    deployment = kubectl.get("deployment", f"{RELEASE}-finetune-operator", "-n", release_ns)
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    config_map = kubectl.get("configmap", f"{RELEASE}-finetune-operator-config", "-n", release_ns)
+    config = work / "config.yaml"
+    config.write_text(config_map["data"]["config.yaml"])
+    kubeconfig = service_account_kubeconfig(kubectl, release_ns, pod["serviceAccountName"], work / "sa.kubeconfig")
+    metrics_port, health_port = free_port(), free_port()
+    # The Deployment's own args, with local paths and free ports in place of the in-cluster ones.
+    args = []
+    for arg in container["args"]:
+        if arg.startswith("--config="):
+            arg = f"--config={config}"
+        elif arg.startswith("--metrics-port="):
+            arg = f"--metrics-port={metrics_port}"
+        elif arg.startswith("--health-port="):
+            arg = f"--health-port={health_port}"
+        args.append(arg)
+    ftjob = str(Path(sys.executable).with_name(container["command"][0]))
+    log = (work / "operator.log").open("w")
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    proc = subprocess.Popen([ftjob, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)  # fmt: skip
+    try:
+        yield {"args": args, "health": health_port, "metrics": metrics_port, "log": work / "operator.log",
+               "proc": proc}  # fmt: skip
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def operator_log(operator: dict[str, Any]) -> str:
+    return Path(operator["log"]).read_text(errors="replace")
+
+
+def alive(operator: dict[str, Any]) -> Callable[[], None]:
+    def check() -> None:
+        if operator["proc"].poll() is not None:
+            pytest.fail(f"operator exited with {operator['proc'].returncode}:\n{operator_log(operator)[-4000:]}")
+
+    return check
+
+
+def test_operator_serves_health_and_metrics(operator: dict[str, Any], installed: dict[str, str]) -> None:
+    assert f"--namespace={installed['jobs']}" in operator["args"]
+    check = alive(operator)
+
+    def healthy() -> bool:
+        check()
+        return http_get(f"http://127.0.0.1:{operator['health']}/healthz")[0] == 200
+
+    wait_for(healthy, timeout=90, message="operator /healthz")
+    status, body = http_get(f"http://127.0.0.1:{operator['metrics']}/metrics")
+    assert status == 200 and "# TYPE" in body
+
+
+@pytest.mark.parametrize(
+    ("sample", "children"),
+    [
+        ("cpu-bert-ja.yaml", ["Service/{job}", "ConfigMap/{job}-config", "Pod/{job}-rank-0", "Pod/{job}-rank-1"]),
+        ("cpu-distilbert-squad-mpi.yaml", ["Service/{job}", "ConfigMap/{job}-config", "Secret/{job}-ssh",
+                                           "Pod/{job}-launcher", "Pod/{job}-worker-0", "Pod/{job}-worker-1"]),
+    ],
+)  # fmt: skip
+def test_operator_reconciles_a_sample_with_the_chart_rbac(
+    kubectl: Kubectl, installed: dict[str, str], operator: dict[str, Any], sample: str, children: list[str]
+) -> None:
+    jobs_ns = installed["jobs"]
+    (job,) = load_all((SAMPLES / sample).read_text())
+    name = job["metadata"]["name"]
+    kubectl("apply", "-n", jobs_ns, "-f", "-", input=yaml.safe_dump(job))
+    uid = kubectl.get("finetunejob", name, "-n", jobs_ns)["metadata"]["uid"]
+    check = alive(operator)
+    wanted = [c.format(job=name) for c in children]
+
+    def all_children() -> list[dict[str, Any]] | None:
+        check()
+        found = []
+        for ident in wanted:
+            kind, child = ident.split("/")
+            obj = kubectl.get(kind.lower(), child, "-n", jobs_ns)
+            if not obj:
+                return None
+            found.append(obj)
+        return found
+
+    objs = wait_for(all_children, timeout=120, message=f"children of {name}: {wanted}")
+    assert isinstance(objs, list)
+    for obj in objs:
+        owners = obj["metadata"].get("ownerReferences", [])
+        assert any(o["uid"] == uid and o.get("controller") for o in owners), obj["metadata"]["name"]
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "finetune-operator"  # what the NetworkPolicy selects
+        assert labels["finetune.dev/job-name"] == name
+    pods = [o for o in objs if o["kind"] == "Pod"]
+    # The operator took the default image from the chart's ConfigMap, not from its built-in profile.
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == {CPU_IMAGE}
+
+    def phase() -> str | None:
+        status = (kubectl.get("finetunejob", name, "-n", jobs_ns) or {}).get("status") or {}
+        return status.get("phase")
+
+    assert wait_for(phase, timeout=60, message=f"{name} status.phase") in {"Pending", "Running"}
+    log = operator_log(operator)
+    assert " 403" not in log and "Forbidden" not in log, log[-4000:]
+
+
+def test_uninstall_keeps_the_cache_claim(kubectl: Kubectl, helm: str, installed: dict[str, str]) -> None:
+    release_ns, jobs_ns = installed["release"], installed["jobs"]
+    out = subprocess.run([helm, "uninstall", RELEASE, "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: kubectl.get("deployment", f"{RELEASE}-finetune-operator", "-n", release_ns) is None,
+             timeout=60, message="Deployment removed")  # fmt: skip
+    assert kubectl.get("pvc", "finetune-cache", "-n", jobs_ns), "helm.sh/resource-policy: keep was ignored"
+    # The CRD stays too (Helm never deletes crds/), so existing FineTuneJobs survive an operator reinstall.
+    assert kubectl.get("crd", "finetunejobs.finetune.dev")
