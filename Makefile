@@ -10,7 +10,7 @@ UV := $(VENV)/../.cache/uv-bin/uv
 export UV_NATIVE_TLS := 1
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 
-.PHONY: help setup lint typecheck test test-unit clean
+.PHONY: help setup lint typecheck test test-unit test-local demo clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | sort -u | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
@@ -34,6 +34,15 @@ typecheck: setup ## mypy --strict on the operator package
 
 test-unit: setup ## Unit tests: builders, profiles, validation, reconcile (no cluster)
 	$(PY) -m pytest -q tests/unit
+
+demo: setup ## Fine-tune the tiny Japanese sentiment BERT locally (2 ranks, torchrun) and print metrics
+	rm -rf _out/demo
+	$(VENV)/bin/ftjob run -f examples/jobs/demo-ja-sentiment.yaml --workdir _out/demo
+
+test-local: setup ## `ftjob run` tier: real local torchrun and MPICH trainings with the pods' environment
+	./hack/apt-install.sh mpich
+	$(PY) -m pytest -q tests/local
+TEST_TIERS += test-local
 
 clean: ## Remove build outputs (keeps the venv and caches)
 	rm -rf _out .pytest_cache .mypy_cache .ruff_cache

@@ -51,6 +51,7 @@ class _Reporter:
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self.last_print = 0.0
+        self.last_summary = ""
         self.label = total_label
         self.lock = threading.Lock()
 
@@ -71,9 +72,10 @@ class _Reporter:
                 if important:
                     sys.stderr.write("\n")
                 sys.stderr.flush()
-            elif important or now - self.last_print >= 5:
+            elif (important or now - self.last_print >= 5) and self.state["summary"] != self.last_summary:
                 sys.stderr.write(f"{self.label} {self.state['summary']}\n")
                 self.last_print = now
+                self.last_summary = self.state["summary"]
 
 
 def _pump(stream: IO[str], log: IO[str], reporter: _Reporter) -> None:

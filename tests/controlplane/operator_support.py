@@ -1,0 +1,156 @@
+"""Running the real operator against the test control plane, and playing the kubelet's part for pod status.
+
+There is no kubelet in this tier (a later tier adds one), so tests report pod lifecycles the way a kubelet
+does: status patches on the pods' status subresource, and confirming graceful deletions. Jobs made here carry a
+node selector that no node matches, so on a real cluster (`make e2e-kind`) no kubelet competes with them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_KUBELET = {"finetune.dev/test-no-kubelet": "true"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def install_crd(kubectl: Callable[..., Any]) -> None:
+    crd = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "crd"], capture_output=True, text=True,
+                         check=True).stdout
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crd)
+    kubectl("wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=60s")
+
+
+@contextmanager
+def running_operator(kubeconfig: Path, wait_for: Callable[..., Any], log_path: Path,
+                     extra: list[str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """`ftjob operator` as a subprocess (the same entry point the image runs), ready when /healthz answers."""
+    health = free_port()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    ftjob = str(Path(sys.executable).with_name("ftjob"))
+    log = log_path.open("wb")
+    proc = subprocess.Popen([ftjob, "operator", "--metrics-port", str(free_port()), "--health-port", str(health),
+                             *(extra or [])], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"operator exited with {proc.returncode}; log {log_path}:\n{log_path.read_text()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    wait_for(healthy, timeout=60, message="operator /healthz")
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+class Kubelet:
+    """Reports pod status like a kubelet would, and completes graceful deletions (as the kubelet does once
+    containers have stopped)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str):
+        self.core = client.CoreV1Api(api)
+        self.ns = namespace
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._finalize_deletions, daemon=True)
+        self._thread.start()
+
+    def _finalize_deletions(self) -> None:
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for ev in w.stream(self.core.list_namespaced_pod, self.ns, timeout_seconds=5):
+                    pod = ev["object"]
+                    if pod.metadata.deletion_timestamp and ev["type"] != "DELETED":
+                        try:
+                            self.core.delete_namespaced_pod(pod.metadata.name, self.ns, grace_period_seconds=0)
+                        except ApiException as e:
+                            if e.status != 404:
+                                raise
+                    if self._stop.is_set():
+                        break
+            except ApiException:
+                continue
+            finally:
+                w.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def pods(self, job: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(self.ns, label_selector=f"finetune.dev/job-name={job}").items)
+
+    def live_pods(self, job: str) -> list[Any]:
+        return [p for p in self.pods(job) if not p.metadata.deletion_timestamp]
+
+    def set_status(self, pod: str, phase: str, *, container: str = "trainer", exit_code: int | None = None,
+                   reason: str | None = None, message: str = "") -> None:
+        status: dict[str, Any] = {"phase": phase}
+        if phase == "Running":
+            status["containerStatuses"] = [{"name": container, "ready": True, "restartCount": 0, "image": "x",
+                                            "imageID": "", "state": {"running": {"startedAt": "2026-12-02T10:00:00Z"}}}]
+        elif exit_code is not None:
+            status["containerStatuses"] = [{"name": container, "ready": False, "restartCount": 0, "image": "x",
+                                            "imageID": "", "state": {"terminated": {
+                                                "exitCode": exit_code, "reason": reason or "Error",
+                                                "message": message,
+                                                "startedAt": "2026-12-02T10:00:00Z",
+                                                "finishedAt": "2026-12-02T10:00:01Z"}}}]
+        self.core.patch_namespaced_pod_status(pod, self.ns, {"status": status})
+
+
+def job_yaml(obj: dict[str, Any]) -> str:
+    return yaml.safe_dump(obj)
+
+
+def is_subset(want: Any, have: Any, path: str = "") -> str | None:
+    """None if every field of `want` is in `have` with the same value (the API server may add more)."""
+    if isinstance(want, dict):
+        if not isinstance(have, dict):
+            return f"{path}: expected a mapping, got {have!r}"
+        for k, v in want.items():
+            if k not in have:
+                return f"{path}.{k}: missing"
+            err = is_subset(v, have[k], f"{path}.{k}")
+            if err:
+                return err
+        return None
+    if isinstance(want, list):
+        if not isinstance(have, list) or len(want) != len(have):
+            return f"{path}: expected {len(want)} items, got {have!r}"
+        for i, (a, b) in enumerate(zip(want, have, strict=True)):
+            err = is_subset(a, b, f"{path}[{i}]")
+            if err:
+                return err
+        return None
+    if want != have and str(want) != str(have):
+        return f"{path}: expected {want!r}, got {have!r}"
+    return None

@@ -1,0 +1,284 @@
+"""The operator running for real against a real API server: admission, children, lifecycles, GC."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
+from kubernetes import client
+from operator_support import NO_KUBELET, Kubelet, install_crd, is_subset, job_yaml, running_operator
+
+API = ("finetune.dev", "v1alpha1")
+
+
+@pytest.fixture(scope="module")
+def crd(kubectl: Any) -> None:
+    install_crd(kubectl)
+
+
+@pytest.fixture(scope="module")
+def operator(crd: None, kubeconfig: Path, wait_for: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with running_operator(kubeconfig, wait_for, log):
+        yield log
+    print(f"operator log: {log}")
+
+
+@pytest.fixture
+def kubelet(kube_api: client.ApiClient, namespace: str) -> Iterator[Kubelet]:
+    k = Kubelet(kube_api, namespace)
+    yield k
+    k.stop()
+
+
+def get_job(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        obj: dict[str, Any] = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+            *API, ns, "finetunejobs", name)
+        return obj
+    except client.exceptions.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def status(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    job = get_job(kube_api, ns, name)
+    return dict((job or {}).get("status") or {})
+
+
+def lifecycle_job(name: str, **run_policy: Any) -> dict[str, Any]:
+    b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
+    if run_policy:
+        b.run_policy(**run_policy)
+    return b.build()
+
+
+def apply(kubectl: Any, ns: str, obj: dict[str, Any]) -> None:
+    kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(obj))
+
+
+# -- admission by the API server itself --------------------------------------------------------------------------
+
+
+def test_kubectl_explain_documents_fields(crd: None, kubectl: Any) -> None:
+    out = kubectl("explain", "finetunejobs.spec.hardware.procsPerNode").stdout
+    assert "Training processes per pod" in out
+    out = kubectl("explain", "ftj.spec.runPolicy").stdout
+    assert "backoffLimit" in out and "cleanPodPolicy" in out
+
+
+@pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)
+def test_api_server_rejects_bad_spec_naming_field(case: BadSpec, crd: None, kubectl: Any, namespace: str) -> None:
+    r = kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(bad_job(case)), check=False)
+    assert r.returncode != 0, f"{case.id} was accepted"
+    assert case.field in r.stderr, f"{case.id}: {case.field} not named in: {r.stderr}"
+
+
+def test_render_and_api_server_accept_the_same_samples(crd: None, kubectl: Any, namespace: str) -> None:
+    for sample in SAMPLES:
+        kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(sample))
+
+
+def test_hardware_task_and_launcher_are_immutable(crd: None, kubectl: Any, namespace: str) -> None:
+    job = make_job("immut").classification().build()
+    apply(kubectl, namespace, job)
+    for path, value, field in [("spec.hardware.nodes", 3, "spec.hardware"),
+                               ("spec.task.maxLength", 64, "spec.task"),
+                               ("spec.launcher", "mpi", "spec.launcher")]:
+        changed = copy.deepcopy(job)
+        node = changed
+        *parents, leaf = path.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+        r = kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(changed), check=False)
+        assert r.returncode != 0 and "immutable" in r.stderr and field in r.stderr, r.stderr
+
+
+# -- children ------------------------------------------------------------------------------------------------------
+
+
+def _rendered(sample: Path, ns: str) -> list[dict[str, Any]]:
+    out = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(sample), "-n", ns],
+                         capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _live(kube_api: client.ApiClient, ns: str, job: str) -> dict[str, dict[str, Any]]:
+    core = client.CoreV1Api(kube_api)
+    sel = f"finetune.dev/job-name={job}"
+    out: dict[str, dict[str, Any]] = {}
+    for kind, lister in (("Pod", core.list_namespaced_pod), ("Service", core.list_namespaced_service),
+                         ("ConfigMap", core.list_namespaced_config_map), ("Secret", core.list_namespaced_secret)):
+        for o in lister(ns, label_selector=sel).items:
+            out[f"{kind}/{o.metadata.name}"] = kube_api.sanitize_for_serialization(o)
+    return out
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
+def test_children_are_exactly_what_render_predicts(sample: Path, operator: Path, kubectl: Any, kube_api: Any,
+                                                   namespace: str, wait_for: Any) -> None:
+    kubectl("apply", "-n", namespace, "-f", str(sample))
+    name = yaml.safe_load(sample.read_text())["metadata"]["name"]
+    want = {f"{o['kind']}/{o['metadata']['name']}": o for o in _rendered(sample, namespace)}
+    live = wait_for(lambda: (lv := _live(kube_api, namespace, name)) and set(lv) == set(want) and lv,
+                    timeout=60, message=f"children of {name}")
+    uid = get_job(kube_api, namespace, name)["metadata"]["uid"]  # type: ignore[index]
+    for key, obj in want.items():
+        obj["metadata"]["ownerReferences"][0]["uid"] = uid
+        if obj["kind"] == "Secret":  # random per job: check shape, and that keys are real OpenSSH keys
+            data = live[key]["data"]
+            assert set(data) == set(obj["data"])
+            assert base64.b64decode(data["authorized_keys"]).startswith(b"ssh-ed25519 ")
+            assert live[key]["immutable"] is True
+            obj = {k: v for k, v in obj.items() if k != "data"}
+        err = is_subset(obj, live[key])
+        assert err is None, f"{key}: {err}"
+
+
+def test_foreign_object_error_shows_in_status(operator: Path, kubectl: Any, kube_api: Any, namespace: str,
+                                              wait_for: Any) -> None:
+    client.CoreV1Api(kube_api).create_namespaced_config_map(namespace, {
+        "metadata": {"name": "clash-config", "labels": {"finetune.dev/job-name": "clash"}}, "data": {}})
+    apply(kubectl, namespace, make_job("clash").classification().build())
+    st = wait_for(lambda: "reconcile error" in (s := status(kube_api, namespace, "clash")).get("message", "") and s,
+                  timeout=60, message="reconcile error in status")
+    assert "ConfigMap" in st["message"] and "not controlled by this FineTuneJob" in st["message"]
+    assert any(c["type"] == "ReconcileError" and c["status"] == "True" for c in st["conditions"])
+
+
+# -- lifecycles, with pod status reported as a kubelet would ------------------------------------------------------
+
+
+def _wait_phase(kube_api: Any, ns: str, name: str, phase: str, wait_for: Any, timeout: float = 60) -> dict[str, Any]:
+    return wait_for(lambda: (s := status(kube_api, ns, name)).get("phase") == phase and s, timeout=timeout,
+                    message=f"{name} phase {phase} (now {status(kube_api, ns, name).get('phase')})")
+
+
+def _pods_up(kubelet: Kubelet, name: str, n: int, wait_for: Any, attempt: int = 0) -> list[str]:
+    def ready() -> list[str] | None:
+        pods = [p for p in kubelet.live_pods(name) if p.metadata.labels["finetune.dev/attempt"] == str(attempt)]
+        return sorted(p.metadata.name for p in pods) if len(pods) == n else None
+
+    names: list[str] = wait_for(ready, timeout=60, message=f"{n} pods of {name} attempt {attempt}")
+    return names
+
+
+def test_pending_running_succeeded(operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet,
+                                   wait_for: Any) -> None:
+    apply(kubectl, namespace, lifecycle_job("ok"))
+    pods = _pods_up(kubelet, "ok", 2, wait_for)
+    _wait_phase(kube_api, namespace, "ok", "Pending", wait_for)
+    for p in pods:
+        kubelet.set_status(p, "Running")
+    st = _wait_phase(kube_api, namespace, "ok", "Running", wait_for)
+    assert st["ranks"] == {"ready": 2, "total": 2} and st["startTime"]
+    out = kubectl("get", "ftj", "ok", "-n", namespace).stdout
+    assert out.split("\n")[0].split() == ["NAME", "PROFILE", "NODES", "PHASE", "PROGRESS", "RESTARTS", "AGE"]
+    assert "Running" in out.split("\n")[1]
+    for p in pods:
+        kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
+    st = _wait_phase(kube_api, namespace, "ok", "Succeeded", wait_for)
+    assert st["completionTime"] and {c["type"] for c in st["conditions"]} >= {"Created", "Running", "Succeeded"}
+    events = kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=ok", "-o",
+                     "json").stdout
+    reasons = {e["reason"] for e in json.loads(events)["items"]}
+    assert {"Pending", "Running", "Completed"} <= reasons
+
+
+def test_rank_failure_restarts_group_then_succeeds(operator: Path, kubectl: Any, kube_api: Any, namespace: str,
+                                                   kubelet: Kubelet, wait_for: Any) -> None:
+    apply(kubectl, namespace, lifecycle_job("rs", backoffLimit=2))
+    pods = _pods_up(kubelet, "rs", 2, wait_for)
+    for p in pods:
+        kubelet.set_status(p, "Running")
+    _wait_phase(kube_api, namespace, "rs", "Running", wait_for)
+    old_uids = {p.metadata.uid for p in kubelet.live_pods("rs")}
+    kubelet.set_status("rs-rank-1", "Failed", exit_code=1, message="Traceback\nRuntimeError: NCCL timeout\n")
+    pods = _pods_up(kubelet, "rs", 2, wait_for, attempt=1)
+    assert not old_uids & {p.metadata.uid for p in kubelet.live_pods("rs")}  # every rank was recreated
+    st = status(kube_api, namespace, "rs")
+    assert st["restartCount"] == 1 and st["failures"][0]["rank"] == 1
+    for p in pods:
+        kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
+    st = _wait_phase(kube_api, namespace, "rs", "Succeeded", wait_for)
+    assert st["restartCount"] == 1
+
+
+def test_failures_past_backoff_limit_fail_with_rank_and_reason(operator: Path, kubectl: Any, kube_api: Any,
+                                                               namespace: str, kubelet: Kubelet,
+                                                               wait_for: Any) -> None:
+    apply(kubectl, namespace, lifecycle_job("bo", backoffLimit=1))
+    for attempt in (0, 1):
+        pods = _pods_up(kubelet, "bo", 2, wait_for, attempt=attempt)
+        for p in pods:
+            kubelet.set_status(p, "Running")
+        kubelet.set_status("bo-rank-0", "Failed", exit_code=137, reason="OOMKilled", message="tokenizing...\n")
+    st = _wait_phase(kube_api, namespace, "bo", "Failed", wait_for)
+    assert st["reason"] == "OOMKilled"
+    assert "rank 0 (pod bo-rank-0) failed: OOMKilled (exit code 137)" in st["message"]
+    assert "tokenizing..." in st["message"]
+    wait_for(lambda: [p.metadata.name for p in kubelet.live_pods("bo") if p.status.phase == "Running"] == [],
+             timeout=30, message="no running pod after Failed")
+    assert status(kube_api, namespace, "bo")["restartCount"] == 1
+
+
+def test_suspend_and_resume(operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet,
+                            wait_for: Any) -> None:
+    apply(kubectl, namespace, lifecycle_job("sus"))
+    _pods_up(kubelet, "sus", 2, wait_for)
+    kubectl("patch", "ftj", "sus", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
+    _wait_phase(kube_api, namespace, "sus", "Suspended", wait_for)
+    wait_for(lambda: kubelet.pods("sus") == [], timeout=30, message="no pods while suspended")
+    kubectl("patch", "ftj", "sus", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    _pods_up(kubelet, "sus", 2, wait_for)
+    assert status(kube_api, namespace, "sus")["restartCount"] == 0
+
+
+def test_active_deadline_fails_job(operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet,
+                                   wait_for: Any) -> None:
+    apply(kubectl, namespace, lifecycle_job("dl", activeDeadlineSeconds=3))
+    for p in _pods_up(kubelet, "dl", 2, wait_for):
+        kubelet.set_status(p, "Running")
+    st = _wait_phase(kube_api, namespace, "dl", "Failed", wait_for, timeout=30)
+    assert st["reason"] == "DeadlineExceeded"
+    wait_for(lambda: kubelet.pods("dl") == [], timeout=30, message="running pods deleted at the deadline")
+
+
+def test_ttl_after_finished_removes_job_and_children_for_good(operator: Path, kubectl: Any, kube_api: Any,
+                                                              namespace: str, kubelet: Kubelet,
+                                                              wait_for: Any) -> None:
+    apply(kubectl, namespace, lifecycle_job("ttl", ttlSecondsAfterFinished=2))
+    for p in _pods_up(kubelet, "ttl", 2, wait_for):
+        kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
+    _wait_phase(kube_api, namespace, "ttl", "Succeeded", wait_for)
+    wait_for(lambda: get_job(kube_api, namespace, "ttl") is None, timeout=30, message="job deleted by TTL")
+    core = client.CoreV1Api(kube_api)
+    wait_for(lambda: not core.list_namespaced_config_map(namespace, label_selector="finetune.dev/job-name=ttl").items
+             and not kubelet.pods("ttl"), timeout=60, message="children garbage-collected")
+    # Stays gone: nothing recreates it (poll a few reconcile periods).
+    with pytest.raises(TimeoutError):
+        wait_for(lambda: get_job(kube_api, namespace, "ttl") or kubelet.pods("ttl"), timeout=5, message="recreated")
+
+
+def test_deleting_job_garbage_collects_children(operator: Path, kubectl: Any, kube_api: Any, namespace: str,
+                                                kubelet: Kubelet, wait_for: Any) -> None:
+    apply(kubectl, namespace, lifecycle_job("gc"))
+    _pods_up(kubelet, "gc", 2, wait_for)
+    core = client.CoreV1Api(kube_api)
+    assert core.list_namespaced_service(namespace, label_selector="finetune.dev/job-name=gc").items
+    kubectl("delete", "ftj", "gc", "-n", namespace, "--wait=false")
+    wait_for(lambda: not kubelet.pods("gc")
+             and not core.list_namespaced_service(namespace, label_selector="finetune.dev/job-name=gc").items
+             and not core.list_namespaced_config_map(namespace, label_selector="finetune.dev/job-name=gc").items,
+             timeout=60, message="children garbage-collected")
