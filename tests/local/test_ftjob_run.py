@@ -27,7 +27,7 @@ def test_local_env_is_the_pod_env_with_local_paths(tmp_path: Path) -> None:
     job = _job("demo-ja-sentiment.yaml")
     pod_env = {e["name"]: e["value"] for e in desired(job).pods[0]["spec"]["containers"][0]["env"]
                if "value" in e}
-    env, nodes, procs, out = local_env(job, tmp_path, None, None, None)
+    env, nodes, procs, _ = local_env(job, tmp_path, None, None, None)
     assert (nodes, procs) == (1, 2)
     local_only = {"FTJOB_CONFIG", "FTJOB_CACHE_DIR", "FTJOB_OUTPUT_DIR", "FTJOB_MASTER_ADDR", "FTJOB_MASTER_PORT",
                   "HF_HOME", "HOME", "OMP_NUM_THREADS", "FTJOB_NODE_RANK", "FTJOB_NAMESPACE", "FTJOB_JOB_NAME"}

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 import yaml
+from ftjobs import SAMPLES, load_sample, make_job
+
 from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys, desired
 from finetune_operator.cli import dump_yaml_stream
-from ftjobs import SAMPLES, load_sample, make_job
 
 GOLDEN = Path(__file__).parent / "golden"
 KEYS = SshKeys("PRIVATE KEY\n", "ssh-ed25519 AAAA user\n", "HOST PRIVATE KEY\n", "ssh-ed25519 BBBB host\n")

@@ -6,10 +6,11 @@ import copy
 from datetime import datetime, timedelta
 from typing import Any
 
+from ftjobs import load_sample, make_job
+
 from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys
 from finetune_operator.reconcile import Observed, Plan, reconcile
-from ftjobs import load_sample, make_job
 
 T0 = datetime(2026, 12, 2, 10, 0, 0)
 KEYS = SshKeys("k", "p", "hk", "hp")

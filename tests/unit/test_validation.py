@@ -7,11 +7,12 @@ import sys
 
 import pytest
 import yaml
-from finetune_operator.admission import validate
-from finetune_operator.api.validation import InvalidSpec
 from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from finetune_operator.admission import validate
+from finetune_operator.api.validation import InvalidSpec
 
 
 @pytest.mark.parametrize("case", BAD_SPECS, ids=lambda c: c.id)
