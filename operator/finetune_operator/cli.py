@@ -92,6 +92,13 @@ def _crd(_: argparse.Namespace) -> int:
     return 0
 
 
+def _api_docs(_: argparse.Namespace) -> int:
+    from .apidoc import render
+
+    sys.stdout.write(render())
+    return 0
+
+
 def _operator(args: argparse.Namespace) -> int:
     from .handlers import run_operator
 
@@ -140,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("crd", help="print the CustomResourceDefinition")
     c.set_defaults(func=_crd)
+
+    d = sub.add_parser("api-docs", help="print the API reference (docs/api.md) in Markdown")
+    d.set_defaults(func=_api_docs)
 
     o = sub.add_parser("operator", help="run the operator (kopf) against the current kubeconfig")
     o.add_argument("--namespace", action="append", help="watch only this namespace (repeatable)")

@@ -43,3 +43,12 @@ def test_every_rule_has_its_cel_twin_in_the_crd() -> None:
 def test_transition_rules_make_hardware_task_launcher_immutable() -> None:
     ids = {r.id for r in all_rules() if r.transition}
     assert ids == {"hardware-immutable", "task-immutable", "launcher-immutable", "mpi-immutable"}
+
+
+def test_api_reference_is_generated() -> None:
+    from pathlib import Path
+
+    from finetune_operator.apidoc import render
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+    assert doc.read_text() == render(), "docs/api.md is stale: run `.venv/bin/ftjob api-docs > docs/api.md`"
