@@ -53,6 +53,28 @@ GO_PACKAGES: dict[str, str] = {
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
 }
+# Version stamping, as upstream's hack/lib/version.sh does: without it the components report
+# v0.0.0-master and kubectl refuses to parse the server version. The date is the release's publication time
+# on the Go proxy, not the build time, so the binaries are reproducible.
+K8S_RELEASE_DATE = "2026-10-27T12:01:04Z"
+
+
+def _ldflags() -> str:
+    major, minor, _ = K8S_VERSION.lstrip("v").split(".")
+    values = {
+        "gitVersion": K8S_VERSION,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "gitCommit": "",
+        "buildDate": K8S_RELEASE_DATE,
+    }
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {pkg}.{k}={v}" for k, v in values.items()]
+    return " ".join(flags)
+
+
 # Path inside layer.zip for each binary the wheel provides.
 WHEEL_MEMBERS: dict[str, str] = {"kubectl": "kubectl/kubectl", "helm": "helm/helm"}
 
@@ -92,7 +114,7 @@ def _locked(name: str) -> Iterator[None]:
 
 def go_inputs_digest() -> str:
     """Hash of everything that decides what the Go build produces; a change triggers a rebuild."""
-    h = hashlib.sha256()
+    h = hashlib.sha256(_ldflags().encode())
     for rel in ("go.mod", "go.sum", "cmd/etcd/main.go"):
         h.update(rel.encode())
         h.update((GO_MODULE_DIR / rel).read_bytes())
@@ -146,7 +168,7 @@ def build_go_binaries(force: bool = False) -> BuildResult | None:
                 "-p",
                 jobs,
                 "-trimpath",
-                "-ldflags=-s -w",
+                f"-ldflags={_ldflags()}",
                 "-o",
                 tmp + "/",
                 *GO_PACKAGES.values(),

@@ -285,6 +285,10 @@ class KubeApiserver(Component):
             f"--etcd-servers={ctx.endpoints['etcd']}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            # The `kubernetes` Service's endpoints may not point at loopback, and nothing in this tier
+            # reaches the apiserver through that Service. A node tier with pods that do sets a routable
+            # --advertise-address and --endpoint-reconciler-type=lease via extra_args.
+            "--endpoint-reconciler-type=none",
             f"--secure-port={self.port}",
             f"--tls-cert-file={ctx.serving.cert}",
             f"--tls-private-key-file={ctx.serving.key}",
@@ -297,8 +301,6 @@ class KubeApiserver(Component):
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             f"--cert-dir={p}",
-            # No aggregated APIs run here; without these the apiserver warns on every start.
-            f"--requestheader-client-ca-file={ctx.ca.pair.cert}",
             "--profiling=false",
             *self.extra_args,
         ]
