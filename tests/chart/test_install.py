@@ -13,6 +13,7 @@ plugin decides whether the Deployment's pod may be created.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -37,6 +38,7 @@ from ftjob_cluster.localcluster import LocalCluster, wait_for
 pytestmark = pytest.mark.controlplane
 SAMPLES = REPO / "manifests" / "samples"
 RELEASE = "ftop"
+FULLNAME = f"{RELEASE}-finetune-operator"  # release name + chart name (_helpers.tpl)
 CPU_IMAGE = "registry.example:5000/ft/cpu:chart-test"
 
 
@@ -55,8 +57,16 @@ class Kubectl:
         return proc.stdout
 
     def get(self, *args: str) -> Any:
-        out = self(*args, "-o", "yaml", check=False)
-        return yaml.safe_load(out) if out else None
+        """The object as a dict, or None when it does not exist; any other error fails the test."""
+        proc = subprocess.run(
+            [self.binary, f"--kubeconfig={self.kubeconfig}", "get", *args, "-o", "yaml"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            if "NotFound" in proc.stderr or "not found" in proc.stderr:
+                return None
+            raise AssertionError(f"kubectl get {' '.join(args)} failed:\n{proc.stderr}")
+        return yaml.safe_load(proc.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +126,10 @@ def http_get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-@pytest.fixture(scope="module")
-def installed(kubectl: Kubectl, helm: str) -> Iterator[dict[str, str]]:
+@pytest.fixture(scope="module", params=["namespaced", "cluster"])
+def installed(request: pytest.FixtureRequest, kubectl: Kubectl, helm: str) -> Iterator[dict[str, str]]:
+    """One release per mode; pytest runs every test of the module for one mode before the other."""
+    mode = str(request.param)
     suffix = uuid.uuid4().hex[:6]
     release_ns, jobs_ns = f"ftop-{suffix}", f"jobs-{suffix}"
     for ns in (release_ns, jobs_ns):
@@ -125,27 +137,40 @@ def installed(kubectl: Kubectl, helm: str) -> Iterator[dict[str, str]]:
     kubectl("label", "namespace", release_ns, "pod-security.kubernetes.io/enforce=restricted")
     cmd = [
         helm, "install", RELEASE, str(CHART), "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns,
-        "--set", f"watchNamespaces={{{jobs_ns}}}", "--set", "cachePVC.create=true",
-        "--set", "networkPolicy.enabled=true", "--set", f"runtimeImages.cpu={CPU_IMAGE}",
+        "--set", "cachePVC.create=true", "--set", "networkPolicy.enabled=true",
+        "--set", f"runtimeImages.cpu={CPU_IMAGE}",
     ]  # fmt: skip
+    if mode == "namespaced":
+        cmd += ["--set", f"watchNamespaces={{{jobs_ns}}}"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     try:
-        yield {"release": release_ns, "jobs": jobs_ns, "notes": out.stdout}
+        yield {"mode": mode, "release": release_ns, "jobs": jobs_ns, "notes": out.stdout}
     finally:
         subprocess.run([helm, "uninstall", RELEASE, "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns],
                        capture_output=True, text=True, timeout=300)  # fmt: skip
+        # No kubelet confirms graceful pod deletion here: remove pods at once, then the namespaces.
+        for ns in (jobs_ns, release_ns):
+            kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
+            kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def test_install_creates_the_chart_objects(kubectl: Kubectl, installed: dict[str, str]) -> None:
     release_ns, jobs_ns = installed["release"], installed["jobs"]
     crd = kubectl.get("crd", "finetunejobs.finetune.dev")
     assert crd["spec"]["versions"][0]["name"] == "v1alpha1"
-    assert kubectl.get("role", RELEASE, "-n", jobs_ns)["rules"]
-    assert kubectl.get("rolebinding", RELEASE, "-n", jobs_ns)["subjects"][0]["namespace"] == release_ns
-    assert kubectl.get("pvc", "finetune-cache", "-n", jobs_ns)["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert kubectl.get("networkpolicy", f"{RELEASE}-finetune-operator-ranks", "-n", jobs_ns)
-    assert "Mode: namespaced" in installed["notes"]
+    if installed["mode"] == "namespaced":
+        assert kubectl.get("role", FULLNAME, "-n", jobs_ns)["rules"]
+        assert kubectl.get("rolebinding", FULLNAME, "-n", jobs_ns)["subjects"][0]["namespace"] == release_ns
+        assert kubectl.get("clusterrole", FULLNAME) is None
+        claim_ns = jobs_ns
+        assert "Mode: namespaced" in installed["notes"]
+    else:
+        assert kubectl.get("clusterrolebinding", FULLNAME)["subjects"][0]["namespace"] == release_ns
+        claim_ns = release_ns
+        assert "Mode: cluster" in installed["notes"]
+    assert kubectl.get("pvc", "finetune-cache", "-n", claim_ns)["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert kubectl.get("networkpolicy", f"{FULLNAME}-ranks", "-n", claim_ns)
 
 
 def test_operator_pod_passes_restricted_pod_security_admission(kubectl: Kubectl, installed: dict[str, str]) -> None:
@@ -169,10 +194,10 @@ def test_operator_pod_passes_restricted_pod_security_admission(kubectl: Kubectl,
 def operator(kubectl: Kubectl, installed: dict[str, str]) -> Iterator[dict[str, Any]]:
     release_ns = installed["release"]
     work = Path(tempfile.mkdtemp(prefix="ftop-chart-"))
-    deployment = kubectl.get("deployment", f"{RELEASE}-finetune-operator", "-n", release_ns)
+    deployment = kubectl.get("deployment", FULLNAME, "-n", release_ns)
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    config_map = kubectl.get("configmap", f"{RELEASE}-finetune-operator-config", "-n", release_ns)
+    config_map = kubectl.get("configmap", f"{FULLNAME}-config", "-n", release_ns)
     config = work / "config.yaml"
     config.write_text(config_map["data"]["config.yaml"])
     kubeconfig = service_account_kubeconfig(kubectl, release_ns, pod["serviceAccountName"], work / "sa.kubeconfig")
@@ -196,6 +221,12 @@ def operator(kubectl: Kubectl, installed: dict[str, str]) -> Iterator[dict[str, 
         yield {"args": args, "health": health_port, "metrics": metrics_port, "log": work / "operator.log",
                "proc": proc}  # fmt: skip
     finally:
+        # Deleted while the operator still runs, so kopf removes its finalizers and nothing is left behind
+        # for the next mode's operator to pick up.
+        kubectl("delete", "finetunejobs", "--all", "-n", installed["jobs"], "--wait=false", check=False)
+        with contextlib.suppress(Exception):
+            wait_for(lambda: not (kubectl.get("finetunejobs", "-n", installed["jobs"]) or {}).get("items"),
+                     timeout=60, message="FineTuneJobs deleted")  # fmt: skip
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -220,7 +251,8 @@ def alive(operator: dict[str, Any]) -> Callable[[], None]:
 
 
 def test_operator_serves_health_and_metrics(operator: dict[str, Any], installed: dict[str, str]) -> None:
-    assert f"--namespace={installed['jobs']}" in operator["args"]
+    namespace_args = [a for a in operator["args"] if a.startswith("--namespace")]
+    assert namespace_args == ([f"--namespace={installed['jobs']}"] if installed["mode"] == "namespaced" else [])
     check = alive(operator)
 
     def healthy() -> bool:
@@ -288,8 +320,9 @@ def test_uninstall_keeps_the_cache_claim(kubectl: Kubectl, helm: str, installed:
     out = subprocess.run([helm, "uninstall", RELEASE, "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    wait_for(lambda: kubectl.get("deployment", f"{RELEASE}-finetune-operator", "-n", release_ns) is None,
+    wait_for(lambda: kubectl.get("deployment", FULLNAME, "-n", release_ns) is None,
              timeout=60, message="Deployment removed")  # fmt: skip
-    assert kubectl.get("pvc", "finetune-cache", "-n", jobs_ns), "helm.sh/resource-policy: keep was ignored"
+    claim_ns = jobs_ns if installed["mode"] == "namespaced" else release_ns
+    assert kubectl.get("pvc", "finetune-cache", "-n", claim_ns), "helm.sh/resource-policy: keep was ignored"
     # The CRD stays too (Helm never deletes crds/), so existing FineTuneJobs survive an operator reinstall.
     assert kubectl.get("crd", "finetunejobs.finetune.dev")
