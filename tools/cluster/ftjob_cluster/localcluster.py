@@ -91,12 +91,8 @@ def _kubeconfig(server: str, ca: Path, client: pki.KeyPair, user: str) -> dict[s
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": "ftjob-local", "cluster": {"server": server, "certificate-authority": str(ca)}}
-        ],
-        "users": [
-            {"name": user, "user": {"client-certificate": str(client.cert), "client-key": str(client.key)}}
-        ],
+        "clusters": [{"name": "ftjob-local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": {"client-certificate": str(client.cert), "client-key": str(client.key)}}],
         "contexts": [{"name": "ftjob-local", "context": {"cluster": "ftjob-local", "user": user}}],
         "current-context": "ftjob-local",
     }

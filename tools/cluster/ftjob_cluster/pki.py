@@ -110,9 +110,7 @@ class CertificateAuthority:
             .not_valid_after(now + _VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False)
         )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
         sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
@@ -128,9 +126,5 @@ class CertificateAuthority:
 def service_account_keys(directory: Path) -> KeyPair:
     """Signing key (sa.key) for the apiserver's token issuer and the matching public key (sa.pub)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    pub = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return KeyPair(
-        cert=_write(directory / "sa.pub", pub, 0o644), key=_write(directory / "sa.key", _key_pem(key))
-    )
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return KeyPair(cert=_write(directory / "sa.pub", pub, 0o644), key=_write(directory / "sa.key", _key_pem(key)))
