@@ -76,7 +76,8 @@ def admin_kubeconfig() -> Iterator[Path]:
     if external:
         yield Path(external)
         return
-    cluster = LocalCluster().start()
+    # Other tiers may share the CPUs; a loaded 2-core machine can need more than the default to start.
+    cluster = LocalCluster(ready_timeout=300).start()
     failed = True
     try:
         yield cluster.kubeconfig
