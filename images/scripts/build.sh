@@ -9,6 +9,9 @@
 #   CA_BUNDLE        extra CA bundle for TLS-intercepting proxies, passed as a BuildKit secret (default: the
 #                    host's bundle when it exists); it is never stored in the image
 #   OFFLINE          1 = never try a registry (default: probe registry-1.docker.io)
+#   BUILD_CACHE_KEEP BuildKit cache kept after a build (default 15GB; least recently used goes first). Every
+#                    flavor's venv is several GB and the uv download cache as much again: without a budget
+#                    a few rebuilds fill a CI disk.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -60,3 +63,4 @@ start=$SECONDS
 DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$dockerfile" "${stack[@]}" "${args[@]}" \
   -t "ftjob/$flavor:$tag" "$@" .
 echo "built ftjob/$flavor:$tag in $((SECONDS - start))s"
+"$DOCKER" builder prune -f --keep-storage "${BUILD_CACHE_KEEP:-15GB}" >/dev/null
