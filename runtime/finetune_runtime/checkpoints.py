@@ -7,6 +7,7 @@ checkpoint but cannot be resumed. The runtime writes a marker file once the Trai
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -42,6 +43,16 @@ def newest_complete(root: Path) -> Path | None:
 
 def incomplete(root: Path) -> list[Path]:
     return [p for _, p in list_checkpoints(root) if not is_complete(p)]
+
+
+def finished_training(path: Path) -> bool:
+    """The checkpoint was saved at the run's last step (the pod died after training, before the final
+    artefacts): resuming it would make HF Trainer take one step past max_steps."""
+    try:
+        state = json.loads((path / TRAINER_STATE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return bool(state.get("max_steps")) and int(state.get("global_step", 0)) >= int(state["max_steps"])
 
 
 def mark_complete(path: Path) -> None:

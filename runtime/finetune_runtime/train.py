@@ -90,7 +90,7 @@ def has_weights(model_dir: Path) -> bool:
                                                  "model.safetensors.index.json", "pytorch_model.bin.index.json"))
 
 
-def build_model(task: TaskConfig, names: list[str] | None, tokenizer: Any) -> Any:
+def build_model(task: TaskConfig, names: list[str] | None, tokenizer: Any, weights_from: Path | None = None) -> Any:
     from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification
 
     kwargs: dict[str, Any] = {}
@@ -102,7 +102,9 @@ def build_model(task: TaskConfig, names: list[str] | None, tokenizer: Any) -> An
         kwargs = {"num_labels": len(names), "id2label": dict(enumerate(names)),
                   "label2id": {n: i for i, n in enumerate(names)}}
     local = Path(task.model)
-    if local.is_dir() and (local / "config.json").exists() and not has_weights(local):
+    if weights_from is not None:
+        model = cls.from_pretrained(str(weights_from), **kwargs)
+    elif local.is_dir() and (local / "config.json").exists() and not has_weights(local):
         log.info("%s has a config but no weights: initialising the model from its config (random weights)",
                  task.model)
         config = AutoConfig.from_pretrained(task.model, **kwargs)
@@ -462,7 +464,9 @@ def run_worker() -> int:
         log.info("tokenised dataset %s (%s): %d train / %d eval rows", key, "cache hit" if hit else "built",
                  len(dsets["train"]), len(dsets["validation"]))
 
-    model = build_model(task, names, tokenizer)
+    resume = None if precompile else checkpoints.newest_complete(paths.checkpoints)
+    finished = resume is not None and checkpoints.finished_training(resume)
+    model = build_model(task, names, tokenizer, weights_from=resume if finished else None)
     if plan.cast_model_bf16:
         import torch
 
@@ -485,10 +489,16 @@ def run_worker() -> int:
         trainer = transformers.Trainer(compute_metrics=lambda p: classification_metrics(p.predictions,
                                                                                         p.label_ids), **common)
 
-    resume = None if precompile else checkpoints.newest_complete(paths.checkpoints)
-    if resume is not None:
-        log.info("resuming from %s", resume)
-    train_out = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    train_metrics: dict[str, Any] = {}
+    if finished:
+        assert resume is not None
+        log.info("training had finished at %s: resuming with the final steps (eval, model, predictions)", resume)
+        trainer.state.global_step = checkpoints.checkpoint_step(resume) or 0
+        trainer.state.max_steps = trainer.state.global_step
+    else:
+        if resume is not None:
+            log.info("resuming from %s", resume)
+        train_metrics = trainer.train(resume_from_checkpoint=str(resume) if resume else None).metrics
 
     if precompile:
         if info.is_main:
@@ -507,7 +517,7 @@ def run_worker() -> int:
     if trainer.is_world_process_zero():
         trainer.save_model(str(paths.model))
         tokenizer.save_pretrained(str(paths.model))
-        metrics_doc = {"eval": final, "train": clean_metrics(train_out.metrics, prefix="train_"),
+        metrics_doc = {"eval": final, "train": clean_metrics(train_metrics, prefix="train_"),
                        "globalStep": trainer.state.global_step, "task": task.type, "model": task.model,
                        "backend": plan.name, "worldSize": info.world_size,
                        "trainRows": len(dsets["train"]), "evalRows": len(dsets["validation"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -130,6 +131,46 @@ def poll(cond: Callable[[], Any], deadline_s: float, what: str, interval: float 
     raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (from /proc). torchrun starts its workers in sessions of their own, so a
+    process-group kill of the launcher would leave the ranks running; a pod's death takes them all."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL pid and everything it started (what happens to a pod's processes when the pod dies)."""
+    pids = [pid, *descendants(pid)]
+    for p in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    return pids
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The pids that still run (zombies waiting for a reaper count as gone)."""
+    out = []
+    for p in pids:
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            out.append(p)
+    return out
+
+
 @pytest.fixture
 def popen_group() -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start processes in their own process group; kill whatever is left of those groups afterwards."""
@@ -142,9 +183,8 @@ def popen_group() -> Iterator[Callable[..., subprocess.Popen[str]]]:
 
     yield start
     for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=30)
+        kill_tree(p.pid)
+        p.wait(timeout=30)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -4,14 +4,23 @@ accuracy of the demo job, the dataset cache, torch.compile precompile. Tiny mode
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_CONFIG, SQUAD_CONFIG, job_config, poll, run_runtime, runtime_argv, runtime_env
+from conftest import (
+    DEMO_CONFIG,
+    SQUAD_CONFIG,
+    alive,
+    job_config,
+    kill_tree,
+    poll,
+    run_runtime,
+    runtime_argv,
+    runtime_env,
+)
+
 from finetune_runtime import checkpoints
 
 pytestmark = pytest.mark.slow
@@ -44,11 +53,14 @@ def test_demo_job_torchrun_two_ranks_accuracy_and_pipeline(tmp_path: Path) -> No
     assert done["metrics"]["accuracy"] >= 0.7, done
     assert metrics["eval"]["accuracy"] == done["metrics"]["accuracy"]
     assert run.events("eval") and run.events("checkpoint")
-    for c in run.events("checkpoint"):
-        assert checkpoints.is_complete(Path(str(c["path"])))
+    # Older checkpoints are rotated away (save_total_limit); the newest one announced must be complete.
+    last = Path(str(run.events("checkpoint")[-1]["path"]))
+    assert checkpoints.newest_complete(last.parent) == last
+    assert all(checkpoints.is_complete(p) for _, p in checkpoints.list_checkpoints(last.parent))
+
+    from transformers import pipeline
 
     from finetune_runtime.tokenization import load_tokenizer
-    from transformers import pipeline
 
     model_dir = run.output_dir / "model"
     clf = pipeline("text-classification", model=str(model_dir), tokenizer=load_tokenizer(str(model_dir)),
@@ -76,7 +88,10 @@ def test_question_answering_torchrun_two_ranks(tmp_path: Path) -> None:
     for p in preds["predictions"]:
         assert p["answer"] in p["context"]
     assert (run.output_dir / "model" / "config.json").exists()
-    assert (run.output_dir / "model" / "vocab.txt").exists()
+    from finetune_runtime.tokenization import load_tokenizer
+
+    tok = load_tokenizer(str(run.output_dir / "model"))  # the tokenizer is saved beside the model
+    assert tok.tokenize("When was it built?") == ["when", "was", "it", "built", "?"]
 
 
 def test_killed_run_resumes_from_newest_complete_checkpoint(tmp_path: Path, popen_group) -> None:  # type: ignore[no-untyped-def]
@@ -89,8 +104,9 @@ def test_killed_run_resumes_from_newest_complete_checkpoint(tmp_path: Path, pope
         poll(lambda: checkpoints.newest_complete(ckpt_root) or proc.poll() is not None, 300,
              "the first complete checkpoint")
         assert proc.poll() is None, "the run ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)  # the whole pod dies: launcher and ranks
+        pids = kill_tree(proc.pid)  # the whole pod dies: launcher and ranks
         proc.wait(timeout=60)
+        poll(lambda: not alive(pids), 30, "the killed ranks to be gone")
     first = (tmp_path / "first.log").read_text()
     assert "cache miss" in first
     newest = checkpoints.newest_complete(ckpt_root)

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 from conftest import DEMO_CONFIG, SQUAD_CONFIG
+from hypothesis import given
+from hypothesis import strategies as st
+
 from finetune_runtime import checkpoints, data, distenv, launcher, progress, squad
 from finetune_runtime.backends import MissingStackError, plan_backend
 from finetune_runtime.config import ConfigError, JobConfig, TaskConfig, load_config
 from finetune_runtime.sshd import install_keys, sshd_config
 from finetune_runtime.waitfor import Probe, check, wait_for
-from hypothesis import given
-from hypothesis import strategies as st
 
 # --- env mapping ------------------------------------------------------------------------------------------
 
