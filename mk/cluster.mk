@@ -33,7 +33,7 @@ e2e-kind: setup ## Run tests/controlplane against a kind cluster (needs docker +
 	mkdir -p $(ROOT)/_out
 	set -e; kind=$$(command -v kind || echo $(FTJOB_CACHE)/bin/kind); \
 	kc=$(ROOT)/_out/$(KIND_CLUSTER).kubeconfig; \
+	trap '$$kind delete cluster --name $(KIND_CLUSTER)' EXIT; \
 	$$kind create cluster --name $(KIND_CLUSTER) --kubeconfig $$kc --wait 180s \
 	  $(if $(KIND_NODE_IMAGE),--image $(KIND_NODE_IMAGE)); \
-	trap '$$kind delete cluster --name $(KIND_CLUSTER)' EXIT; \
 	FTJOB_KUBECONFIG=$$kc $(PY) -m pytest -q tests/controlplane

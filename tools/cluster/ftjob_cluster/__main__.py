@@ -49,7 +49,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     print(f"logs: {directory / 'logs'}")
     print("use it with:")
     print(f"  export KUBECONFIG={cluster.kubeconfig}")
-    print(f"  {kubectl} get --raw /readyz?verbose")
+    print(f"  {kubectl} get --raw '/readyz?verbose'")
     print("stop it with: make cluster-down")
     return 0
 
