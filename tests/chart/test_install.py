@@ -185,7 +185,7 @@ def test_operator_pod_passes_restricted_pod_security_admission(kubectl: Kubectl,
         for rs in (kubectl.get("replicasets", "-n", ns) or {}).get("items", []):
             for cond in rs.get("status", {}).get("conditions", []):
                 if cond["type"] == "ReplicaFailure":
-                    return "rejected: " + cond.get("message", "")
+                    return f"rejected: {cond.get('message', '')}"
         return None
 
     assert wait_for(pod_or_rejection, timeout=90, message="operator pod or ReplicaFailure") == "created"
