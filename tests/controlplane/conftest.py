@@ -27,6 +27,19 @@ from ftjob_cluster.localcluster import LocalCluster, wait_for
 from ftjob_cluster.testing import Cluster, Kubectl, Wait, make_kubectl
 
 _FAILED = pytest.StashKey[bool]()
+# Lines for the end-of-run summary (start time, where kept logs are): output captured during a passing
+# test's teardown would never be shown.
+_NOTES = pytest.StashKey[list[str]]()
+
+
+def _note(session: pytest.Session, line: str) -> None:
+    session.config.stash.setdefault(_NOTES, []).append(line)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    notes = terminalreporter.config.stash.get(_NOTES, [])
+    for line in notes:
+        terminalreporter.write_line(f"[ftjob-cluster] {line}")
 
 
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
@@ -47,12 +60,20 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         api = k8s_config.new_client_from_config(config_file=str(path))
         yield Cluster(kubeconfig=path, server=str(api.configuration.host), local=False, logs={})
         return
-    local = LocalCluster().start()
-    print(f"\n[ftjob-cluster] control plane up in {local.startup_seconds:.1f} s, dir {local.directory}")
+    local = LocalCluster()
+    try:
+        local.start()
+    except Exception:
+        _note(request.session, f"control plane failed to start; logs kept in {local.directory / 'logs'}")
+        raise
+    _note(request.session, f"control plane {bins.K8S_VERSION} up in {local.startup_seconds:.1f} s")
     try:
         yield Cluster(kubeconfig=local.kubeconfig, server=local.server, local=True, logs=local.logs())
     finally:
-        local.stop(keep_directory=request.session.stash.get(_FAILED, False))
+        keep = request.session.stash.get(_FAILED, False)
+        local.stop(keep_directory=keep)
+        if keep:
+            _note(request.session, f"a test failed: cluster logs kept in {local.directory / 'logs'}")
 
 
 @pytest.fixture(scope="session")
