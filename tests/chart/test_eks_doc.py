@@ -177,3 +177,16 @@ def test_cleanup_removes_what_the_guide_creates() -> None:
         ("create-bucket", "aws s3 rb"),
     ]:
         assert created in text and removed in cleanup, created
+
+
+def test_results_reader_pod_is_valid(files: dict[str, str], k8s_version: str) -> None:
+    """The throw-away pod of step 11 (kubectl run --overrides) is a valid Pod that mounts the results claim."""
+    (overrides,) = re.findall(r"--overrides='(\{.*?\})'", DOC.read_text())
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "read-results"}, **json.loads(overrides)}
+    kubernetes_validate.validate(pod, k8s_version, strict=True)
+    claims = {o["metadata"]["name"] for o in load_all(files["claims.yaml"])}
+    volumes = pod["spec"]["volumes"]
+    assert {v["persistentVolumeClaim"]["claimName"] for v in volumes} <= claims
+    sc = load_all(files["efs-sc.yaml"])[0]
+    # The EFS access points belong to the images' ftjob user, which is also who reads them here.
+    assert sc["parameters"]["uid"] == str(pod["spec"]["securityContext"]["runAsUser"]) == "1000"
