@@ -21,8 +21,8 @@ API = ("finetune.dev", "v1alpha1")
 
 
 @pytest.fixture(scope="module")
-def crd(kubectl: Any) -> None:
-    install_crd(kubectl)
+def crd(kubectl: Any, wait_for: Any) -> None:
+    install_crd(kubectl, wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -121,15 +121,20 @@ def _live(kube_api: client.ApiClient, ns: str, job: str) -> dict[str, dict[str, 
     for kind, lister in (("Pod", core.list_namespaced_pod), ("Service", core.list_namespaced_service),
                          ("ConfigMap", core.list_namespaced_config_map), ("Secret", core.list_namespaced_secret)):
         for o in lister(ns, label_selector=sel).items:
-            out[f"{kind}/{o.metadata.name}"] = kube_api.sanitize_for_serialization(o)
+            # List items carry no apiVersion/kind of their own.
+            out[f"{kind}/{o.metadata.name}"] = {"apiVersion": "v1", "kind": kind,
+                                                **kube_api.sanitize_for_serialization(o)}
     return out
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
 def test_children_are_exactly_what_render_predicts(sample: Path, operator: Path, kubectl: Any, kube_api: Any,
                                                    namespace: str, wait_for: Any) -> None:
+    spec = yaml.safe_load(sample.read_text())
+    if spec["spec"].get("serviceAccountName"):  # the user's IRSA service account, as the EKS guide makes it
+        kubectl("create", "serviceaccount", spec["spec"]["serviceAccountName"], "-n", namespace)
     kubectl("apply", "-n", namespace, "-f", str(sample))
-    name = yaml.safe_load(sample.read_text())["metadata"]["name"]
+    name = spec["metadata"]["name"]
     want = {f"{o['kind']}/{o['metadata']['name']}": o for o in _rendered(sample, namespace)}
     live = wait_for(lambda: (lv := _live(kube_api, namespace, name)) and set(lv) == set(want) and lv,
                     timeout=60, message=f"children of {name}")

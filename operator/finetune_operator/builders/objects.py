@@ -104,8 +104,21 @@ def runtime_config(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _api_numbers(v: Any) -> Any:
+    """Whole floats as ints, the way the API server hands JSON numbers back (0.0 is stored as 0): the operator,
+    which reads jobs from the API, and `ftjob render`, which reads YAML, then write the same config.json."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, dict):
+        return {k: _api_numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_api_numbers(x) for x in v]
+    return v
+
+
 def config_map(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, Any]:
-    data = {"config.json": json.dumps(runtime_config(job), indent=2, sort_keys=True) + "\n"}
+    config = _api_numbers(runtime_config(job))
+    data = {"config.json": json.dumps(config, indent=2, sort_keys=True) + "\n"}
     if layout.launcher == "mpi":
         data["hostfile"] = hostfile(layout, names)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(job, names, names.config_map), "data": data}
