@@ -1,6 +1,8 @@
 # Per-hardware container images (images/, tests/images). Docker comes from Debian (docker.io, with BuildKit);
 # the daemon is started on demand. With no registry reachable, images build on a debootstrap'ed Debian base.
-IMAGE_TAG ?= dev
+# Default tag: the runtime's version, which is the tag the operator's hardware profiles
+# (operator/finetune_operator/profiles/*.yaml) name, so a locally built image is the one a job pulls.
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' runtime/pyproject.toml)
 IMAGES_DOCKER := /usr/bin/docker
 IMAGES_FLAVORS := cpu nvidia xeon xeon-upstream neuron
 IMAGES_DOCKERFILES := $(wildcard images/*/Dockerfile)
@@ -13,17 +15,17 @@ images-docker: ## Install Docker (docker.io) + debootstrap from Debian and start
 	images/scripts/dockerd-up.sh
 
 image-base: images-docker ## Debian bookworm base image from a debootstrap rootfs (offline builds; once)
-	images/scripts/base-image.sh ftjob/debian:bookworm
+	images/scripts/base-image.sh finetune-operator/debian-base:bookworm
 
 # Each flavor: images/scripts/build.sh picks the offline base and the torch index this machine can reach.
 $(addprefix image-,$(IMAGES_FLAVORS)): image-%: images-docker
 	IMAGE_TAG=$(IMAGE_TAG) images/scripts/build.sh $*
 
-image-cpu: ## Build ftjob/cpu (plain CPU: the image the local cluster and CI run)
-image-nvidia: ## Build ftjob/nvidia (CUDA torch)
-image-xeon: ## Build ftjob/xeon (torch 2.7 + IPEX 2.7 + oneccl_bind_pt 2.7; needs Intel's wheel index)
-image-xeon-upstream: ## Build ftjob/xeon-upstream (current torch, AMX via upstream oneDNN, Intel MPI)
-image-neuron: ## Build ftjob/neuron (Neuron SDK 2.31; needs the Neuron apt/pip repos and an Ubuntu 24.04 base)
+image-cpu: ## Build finetune-operator/cpu (plain CPU: the image the local cluster and CI run)
+image-nvidia: ## Build finetune-operator/nvidia (CUDA torch)
+image-xeon: ## Build finetune-operator/xeon (torch 2.7 + IPEX 2.7 + oneccl_bind_pt 2.7; needs Intel's wheel index)
+image-xeon-upstream: ## Build finetune-operator/xeon-upstream (current torch, AMX via upstream oneDNN, Intel MPI)
+image-neuron: ## Build finetune-operator/neuron (Neuron SDK 2.31; needs the Neuron apt/pip repos and an Ubuntu 24.04 base)
 
 images: $(addprefix image-,$(IMAGES_FLAVORS)) ## Build every image (neuron and xeon need their vendor repos)
 
@@ -32,6 +34,6 @@ lint-images: setup ## hadolint every Dockerfile, shellcheck the image scripts
 	$(VENV)/bin/shellcheck $(IMAGES_SCRIPTS)
 
 test-images: setup lint-images image-cpu ## Images tier: lint, build the cpu image (cached), smoke-test it (uid, selfcheck, 2-rank training)
-	FTJOB_TEST_IMAGE=ftjob/cpu:$(IMAGE_TAG) $(PY) -m pytest -q tests/images
+	FTJOB_TEST_IMAGE=finetune-operator/cpu:$(IMAGE_TAG) $(PY) -m pytest -q tests/images
 
 TEST_TIERS += test-images

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds a Debian bookworm base image from a debootstrap rootfs, for machines that reach Debian mirrors but no
 # container registry (this VM, CI). Runs once: an existing image of that name is kept.
-#   usage: base-image.sh [IMAGE]   (default ftjob/debian:bookworm)
+#   usage: base-image.sh [IMAGE]   (default finetune-operator/debian-base:bookworm)
 set -euo pipefail
-IMAGE=${1:-ftjob/debian:bookworm}
+IMAGE=${1:-finetune-operator/debian-base:bookworm}
 SUITE=${DEBIAN_SUITE:-bookworm}
 DOCKER=${DOCKER:-/usr/bin/docker}
 

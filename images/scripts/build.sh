@@ -2,7 +2,8 @@
 # Builds one image: images/scripts/build.sh FLAVOR [extra docker build args...]
 #   FLAVOR: cpu | nvidia | xeon | xeon-upstream | neuron
 # Environment:
-#   IMAGE_TAG        tag (default dev); the image is ftjob/FLAVOR:IMAGE_TAG
+#   IMAGE_TAG        tag; the image is finetune-operator/FLAVOR:IMAGE_TAG. Default: the runtime package's
+#                    version (runtime/pyproject.toml), the tag the operator's hardware profiles name
 #   BASE_IMAGE       base image; when unset and no registry is reachable, a debootstrap'ed Debian base is built
 #                    once (base-image.sh) and used (Debian-based flavors only)
 #   TORCH_INDEX_URL  passed through to flavors that take it
@@ -18,7 +19,8 @@ root=$(cd "$here/../.." && pwd)
 DOCKER=${DOCKER:-/usr/bin/docker}
 flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron [docker build args...]}
 shift
-tag=${IMAGE_TAG:-dev}
+runtime_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/runtime/pyproject.toml")
+tag=${IMAGE_TAG:-$runtime_version}
 
 dockerfile=images/$flavor/Dockerfile
 stack=()
@@ -39,7 +41,7 @@ if [ -z "${BASE_IMAGE:-}" ]; then
   if [ "$offline" = 1 ]; then
     case "$flavor" in
       neuron) echo "neuron needs an Ubuntu 24.04 base: set BASE_IMAGE (no registry reachable)" >&2; exit 2 ;;
-      *) "$here/base-image.sh" ftjob/debian:bookworm; BASE_IMAGE=ftjob/debian:bookworm ;;
+      *) "$here/base-image.sh" finetune-operator/debian-base:bookworm; BASE_IMAGE=finetune-operator/debian-base:bookworm ;;
     esac
   fi
 fi
@@ -61,6 +63,6 @@ args+=(--build-arg "FTJOB_VERSION=$tag" --build-arg "VCS_REF=$rev")
 cd "$root"
 start=$SECONDS
 DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$dockerfile" "${stack[@]}" "${args[@]}" \
-  -t "ftjob/$flavor:$tag" "$@" .
-echo "built ftjob/$flavor:$tag in $((SECONDS - start))s"
+  -t "finetune-operator/$flavor:$tag" "$@" .
+echo "built finetune-operator/$flavor:$tag in $((SECONDS - start))s"
 "$DOCKER" builder prune -f --keep-storage "${BUILD_CACHE_KEEP:-15GB}" >/dev/null

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Debian's client: the preinstalled /usr/local/bin/docker has no BuildKit builder (docs in images/README.md).
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
-# Image tag `make test-images` builds (mk/images.mk: ftjob/cpu:$(IMAGE_TAG)).
-DEFAULT_IMAGE = "ftjob/cpu:dev"
+# What `make test-images` builds: finetune-operator/cpu tagged with the runtime's version (mk/images.mk).
+DEFAULT_IMAGE = (
+    "finetune-operator/cpu:" + tomllib.loads((REPO / "runtime" / "pyproject.toml").read_text())["project"]["version"]
+)
 # The fixed UID every image runs as (images/common/add-user.sh; the operator's securityContext relies on it).
 FTJOB_UID = 1000
 

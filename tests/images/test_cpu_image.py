@@ -1,4 +1,4 @@
-"""Smoke test of the built cpu image (FTJOB_TEST_IMAGE, default ftjob/cpu:dev): what a rank pod relies on."""
+"""Smoke test of the built cpu image (FTJOB_TEST_IMAGE, default: conftest.DEFAULT_IMAGE): what a rank pod relies on."""
 
 from __future__ import annotations
 
