@@ -231,3 +231,16 @@ def test_runtime_config_spells_out_defaults() -> None:
     assert cfg["training"]["precision"] == "fp32" and cfg["training"]["checkpointEverySteps"] == 500
     assert cfg["compileCache"] == {"precompile": False, "precompileSteps": 16}
     assert cfg["task"]["dataset"]["labelMap"] == {"1": 0, "2": 0, "4": 1, "5": 1}
+
+
+PINNED_K8S = "1.37"  # tools/cluster pins v1.37.2; kubernetes-validate ships that minor's schemas
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
+def test_rendered_objects_validate_against_pinned_openapi(sample: Path) -> None:
+    """Strict: unknown fields fail too (the API server would silently drop a misspelt one)."""
+    import kubernetes_validate
+
+    for obj in render(yaml.safe_load(sample.read_text())).all():
+        used = kubernetes_validate.validate(obj, PINNED_K8S, strict=True)
+        assert used == PINNED_K8S, f"{obj['kind']}/{obj['metadata']['name']} validated against {used}"
