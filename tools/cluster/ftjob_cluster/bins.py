@@ -153,6 +153,10 @@ def build_go_binaries(force: bool = False) -> BuildResult | None:
         jobs = os.environ.get("FTJOB_GO_BUILD_JOBS", "2")
         out = bin_dir()
         out.mkdir(parents=True, exist_ok=True)
+        # Left behind only by a build that was killed (the lock we hold rules out one still running);
+        # a stale Go cache is gigabytes.
+        for stale in [*out.parent.glob(".build-*"), *out.parent.glob(".gocache-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
         env = {**os.environ, "GOFLAGS": "-mod=mod", "GOMAXPROCS": jobs, "CGO_ENABLED": "0"}
         # The compiled-package cache for this build is ~4 GB and only pays off when go.mod changes, which is
         # rare: unless the caller names one (FTJOB_GO_CACHE or GOCACHE), use a throwaway one.
