@@ -307,6 +307,16 @@ def test_newest_complete_checkpoint_wins(tmp_path: Path) -> None:
     assert [s for s, _ in checkpoints.list_checkpoints(tmp_path)] == [5, 10, 100]
 
 
+def test_checkpoint_at_max_steps_counts_as_finished(tmp_path: Path) -> None:
+    mid = _ckpt(tmp_path, 5, True)
+    (mid / "trainer_state.json").write_text('{"global_step": 5, "max_steps": 60}')
+    end = _ckpt(tmp_path, 60, True)
+    (end / "trainer_state.json").write_text('{"global_step": 60, "max_steps": 60}')
+    assert not checkpoints.finished_training(mid) and checkpoints.finished_training(end)
+    (end / "trainer_state.json").write_text("{broken")
+    assert not checkpoints.finished_training(end)
+
+
 # --- progress lines ---------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,80 @@
+"""`sshd`, `wait-for --ssh` and the ssh client config written by `mpirun`: a real sshd on a free local port."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, free_port, runtime_argv
+
+from finetune_runtime.launcher import write_ssh_config
+from finetune_runtime.sshd import install_keys
+
+pytestmark = pytest.mark.skipif(not shutil.which("sshd") and not Path("/usr/sbin/sshd").exists(),
+                                reason="openssh-server missing (make runtime-deps installs it)")
+
+
+def _strict_modes_ok(d: Path) -> bool:
+    return all(not (p.stat().st_mode & 0o022) for p in [d, *d.parents])
+
+
+def _out_dir() -> Path:
+    """A parent for the test's HOME whose ancestors no one else can write (what sshd's StrictModes wants)."""
+    for d in (ROOT / "_out", Path.home() / ".cache" / "finetune-operator"):
+        d.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if _strict_modes_ok(d):
+            return d
+    pytest.skip("no directory without group/world-writable ancestors for sshd's StrictModes")
+
+
+def _secret(tmp_path: Path) -> Path:
+    """What the operator's {job}-ssh Secret holds: a client key pair (authorized) and a host key pair."""
+    d = tmp_path / "secret"
+    d.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "id_ed25519")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "ssh_host_ed25519_key")],
+                   check=True)
+    shutil.copy(d / "id_ed25519.pub", d / "authorized_keys")
+    for f in d.iterdir():
+        f.chmod(0o400)  # the Secret volume's defaultMode
+    return d
+
+
+def test_sshd_accepts_the_job_key_and_wait_for_sees_it(tmp_path: Path, popen_group,  # type: ignore[no-untyped-def]
+                                                        request: pytest.FixtureRequest) -> None:
+    secret = _secret(tmp_path)
+    port = free_port()
+    # sshd's StrictModes rejects keys below a world-writable directory such as /tmp; pods have
+    # HOME=/home/ftjob. A home under the repository's _out/ (0755 parents) stands in for it.
+    home = Path(tempfile.mkdtemp(prefix="ssh-home-", dir=_out_dir()))
+    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
+    env = {"PATH": "/usr/sbin:/usr/bin:/bin", "HOME": str(home), "FTJOB_SSH_PORT": str(port),
+           "FTJOB_SSH_SECRET_DIR": str(secret)}
+    env = {**os.environ, **env}
+    closed = subprocess.run(runtime_argv("wait-for", "--ssh", f"127.0.0.1:{port}", "--timeout", "1"), env=env,
+                            capture_output=True, text=True, check=False, timeout=60)
+    assert closed.returncode == 1 and "TIMEOUT" in closed.stdout and f"127.0.0.1:{port}" in closed.stdout
+
+    with (tmp_path / "sshd.log").open("w") as log:
+        sshd = popen_group(runtime_argv("sshd"), env=env, stdout=log, stderr=subprocess.STDOUT)
+        ready = subprocess.run(runtime_argv("wait-for", "--dns", "localhost", "--ssh", f"127.0.0.1:{port}",
+                                            "--timeout", "60"), env=env, capture_output=True, text=True,
+                               check=False, timeout=120)
+        assert ready.returncode == 0, ready.stdout + (tmp_path / "sshd.log").read_text()
+        assert sshd.poll() is None
+
+        # The launcher side: keys + ~/.ssh/config as `ftjob-runtime mpirun` writes them.
+        launcher_home = tmp_path / "launcher-home"
+        launcher_home.mkdir()
+        install_keys(secret, launcher_home, required=("id_ed25519",))
+        cfg = write_ssh_config({"FTJOB_SSH_PORT": str(port)}, ["127.0.0.1"], launcher_home)
+        r = subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "127.0.0.1", "echo", "hello-from-ssh"],
+                           capture_output=True, text=True, check=False, timeout=60)
+        assert r.returncode == 0, r.stderr + (tmp_path / "sshd.log").read_text()
+        assert r.stdout.strip() == "hello-from-ssh"
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (home / ".ssh").iterdir()}
+    assert modes["ssh_host_ed25519_key"] == 0o600 and modes["authorized_keys"] == 0o600
