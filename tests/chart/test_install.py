@@ -327,3 +327,26 @@ def test_uninstall_keeps_the_cache_claim(kubectl: Kubectl, helm: str, installed:
     assert kubectl.get("pvc", "finetune-cache", "-n", claim_ns), "helm.sh/resource-policy: keep was ignored"
     # The CRD stays too (Helm never deletes crds/), so existing FineTuneJobs survive an operator reinstall.
     assert kubectl.get("crd", "finetunejobs.finetune.dev")
+
+
+def test_kustomize_manifests_apply_to_a_real_apiserver(kubectl: Kubectl) -> None:
+    """`kubectl apply -k manifests/` works as the README says, and its Namespace enforces restricted PSS."""
+    kubectl("apply", "--server-side", "--force-conflicts", "-k", str(REPO / "manifests"))
+    try:
+        ns = "finetune-operator"
+        labels = kubectl.get("namespace", ns)["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        for kind in ("clusterrole", "clusterrolebinding"):
+            assert kubectl.get(kind, "finetune-operator") and kubectl.get(kind, "finetune-operator-cluster")
+
+        def pod_created() -> bool:
+            pods = kubectl.get("pods", "-n", ns, "-l", "app.kubernetes.io/instance=finetune-operator")
+            return bool(pods and pods["items"])
+
+        wait_for(pod_created, timeout=90, message="operator pod admitted under enforce=restricted")
+    finally:
+        # Everything but the CRD, which other tests of this module share.
+        kubectl("delete", "pods", "--all", "-n", "finetune-operator", "--grace-period=0", "--force", check=False)
+        kubectl("delete", "namespace", "finetune-operator", "--wait=false", check=False)
+        kubectl("delete", "clusterrolebinding,clusterrole", "finetune-operator", "finetune-operator-cluster",
+                check=False)  # fmt: skip
