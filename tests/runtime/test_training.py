@@ -129,6 +129,12 @@ def test_killed_run_resumes_from_newest_complete_checkpoint(tmp_path: Path, pope
     assert train[0]["step"] > resumed_step, "global step continues, not from 0"
     assert run.done["step"] == 60
 
+    # A pod restarted after the last checkpoint: no step past max_steps, just the final artefacts again.
+    again = run_runtime(["launch"], {**env, "FTJOB_MASTER_PORT": str(int(env["FTJOB_MASTER_PORT"]) + 2)}, tmp_path)
+    assert again.rc == 0, again.out[-4000:]
+    assert "training had finished" in again.out and not again.events("train")
+    assert again.done["step"] == 60 and (again.output_dir / "model" / "config.json").exists()
+
 
 def _mpi_env(tmp_path: Path, cfg: Path, impl: str) -> dict[str, str]:
     hostfile = tmp_path / "hostfile"
