@@ -174,6 +174,13 @@ def test_install_creates_the_chart_objects(kubectl: Kubectl, installed: dict[str
     assert kubectl.get("networkpolicy", f"{FULLNAME}-ranks", "-n", claim_ns)
 
 
+def test_chart_crd_admits_every_sample(kubectl: Kubectl, installed: dict[str, str]) -> None:
+    """The CRD as the chart installs it (schema + CEL rules, checked by the apiserver) accepts the samples."""
+    out = kubectl("apply", "--dry-run=server", "-n", installed["jobs"], "-f", str(SAMPLES))
+    created = [line for line in out.splitlines() if "created (server dry run)" in line]
+    assert len(created) == len(list(SAMPLES.glob("*.yaml"))), out
+
+
 def test_operator_pod_passes_restricted_pod_security_admission(kubectl: Kubectl, installed: dict[str, str]) -> None:
     """The ReplicaSet controller creates the pod only if PodSecurity admission (enforce=restricted) allows it."""
     ns = installed["release"]
