@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, requirement_pins
 
 IMAGES = REPO / "images"
 DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
@@ -87,31 +87,46 @@ def test_shared_rules(dockerfile: Path) -> None:
 
 
 def test_neuron_versions_come_from_one_release() -> None:
-    """SDK 2.31.0 is the last Neuron release with torch-neuronx; every Neuron pin comes from its manifest."""
+    """SDK 2.31.0 is the last Neuron release with torch-neuronx; all its pins sit in one ARG block, are used
+    where they install something, and nothing Neuron is pinned anywhere else."""
     dockerfile = (IMAGES / "neuron" / "Dockerfile").read_text(encoding="utf-8")
-    reqs = (IMAGES / "neuron" / "requirements.txt").read_text(encoding="utf-8")
     release_2_31 = {
+        "NEURON_SDK_VERSION": "2.31.0",
         "NEURON_RUNTIME_LIB_VERSION": "2.33.10.0",
         "NEURON_COLLECTIVES_VERSION": "2.33.10.0",
         "NEURON_TOOLS_VERSION": "2.31.13.0",
+        "TORCH_NEURONX_VERSION": "2.9.0.2.15.32035",
+        "NEURONX_CC_VERSION": "2.26.6360.0",
+        "LIBNEURONXLA_VERSION": "2.2.17544.0",
+        "TORCH_VERSION": "2.9.1",
+        "TORCH_XLA_VERSION": "2.9.0",
     }
+    first_from = dockerfile.index("\nFROM ")
     for arg, version in release_2_31.items():
-        assert f"ARG {arg}={version}\n" in dockerfile
-        assert f"${{{arg}}}*" in dockerfile  # the pin is used with apt's version glob (Debian revision suffix)
-    for pin in (
-        "torch-neuronx==2.9.0.2.15.32035",
-        "neuronx-cc==2.26.6360.0",
-        "libneuronxla==2.2.17544.0",
-        "transformers==4.57.",
+        # Defined once, before the first stage (global), and only re-declared (no value) inside stages.
+        assert dockerfile.count(f"ARG {arg}=") == 1
+        assert dockerfile.index(f"ARG {arg}={version}\n") < first_from
+    for pkg, arg in (
+        ("aws-neuronx-runtime-lib", "NEURON_RUNTIME_LIB_VERSION"),
+        ("aws-neuronx-collectives", "NEURON_COLLECTIVES_VERSION"),
+        ("aws-neuronx-tools", "NEURON_TOOLS_VERSION"),
     ):
-        assert pin in reqs
-    assert 'dev.finetune.versions.neuron-sdk="2.31.0"' in dockerfile
+        assert f'"{pkg}=${{{arg}}}*"' in dockerfile  # apt's version glob covers the Debian revision suffix
+    for pkg, arg in (
+        ("torch-neuronx", "TORCH_NEURONX_VERSION"),
+        ("neuronx-cc", "NEURONX_CC_VERSION"),
+        ("libneuronxla", "LIBNEURONXLA_VERSION"),
+        ("torch", "TORCH_VERSION"),
+        ("torch-xla", "TORCH_XLA_VERSION"),
+    ):
+        assert f'"{pkg}==${{{arg}}}"' in dockerfile
+    hf_pins = requirement_pins(IMAGES / "neuron" / "requirements.txt")
+    assert not [name for name in hf_pins if "neuron" in name or name.startswith("torch")], hf_pins
+    assert hf_pins["transformers"].startswith("4.57.")
 
 
 def test_xeon_ipex_stack_matches() -> None:
     """IPEX and oneccl_bind_pt must equal torch's major.minor (hardware.md section 5)."""
-    from .conftest import requirement_pins
-
     pins = requirement_pins(IMAGES / "xeon" / "requirements-ipex.txt")
     major_minor = {
         k: ".".join(pins[k].split(".")[:2]) for k in ("torch", "intel-extension-for-pytorch", "oneccl-bind-pt")
