@@ -123,13 +123,14 @@ through one Role per watched namespace. Every verb is used by the operator; noth
   resources: ["pods/log"]
   verbs: ["get"]
 # Per-job children: the headless Service (stable rank DNS names), ConfigMap {job}-config (config.json,
-# hostfile) and Secret {job}-ssh (MPI keys). They are never edited in place: the operator creates them,
-# compares what it observes with what it wants, and deletes (then recreates) on a mismatch.
+# hostfile) and Secret {job}-ssh (MPI keys). Never edited in place: the operator creates them, lists
+# them by the job's labels, reads one back after a 409 to check that the job owns it, and deletes on
+# clean-up (the garbage collector also removes them with the job, through owner references).
 - apiGroups: [""]
   resources: ["services", "configmaps", "secrets"]
   verbs: ["get", "list", "watch", "create", "delete"]
-# kopf posts Kubernetes events about handler progress and errors on the FineTuneJob (core API, and the
-# events.k8s.io API on clients that use it); patch aggregates repeated events.
+# Events on the FineTuneJob (phase changes, restarts, reconcile errors), posted through the core API;
+# the same verbs in events.k8s.io, the API newer clients post through; patch aggregates repeats.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
