@@ -1,6 +1,6 @@
 # In-pod training runtime (runtime/finetune_runtime, docs/runtime.md): real 2-rank torchrun and mpirun
 # trainings on CPU with the tiny models and the sample data under examples/.
-.PHONY: runtime-deps test-runtime test-runtime-fast test-runtime-tf457 runtime-vocab runtime-samples
+.PHONY: runtime-deps typecheck-runtime test-runtime test-runtime-fast test-runtime-tf457 runtime-vocab runtime-samples
 
 RUNTIME_APT := mpich openmpi-bin openssh-server openssh-client
 TF457_VENV := $(ROOT)/.venv-tf457
@@ -8,7 +8,10 @@ TF457_VENV := $(ROOT)/.venv-tf457
 runtime-deps: ## Debian packages the runtime tests use (MPICH, OpenMPI, OpenSSH)
 	$(ROOT)/hack/apt-install.sh $(RUNTIME_APT)
 
-test-runtime: setup runtime-deps ## Runtime tier: units, samples, 2-rank torchrun/mpirun trainings, resume, precompile
+typecheck-runtime: setup ## mypy --strict on the runtime package
+	$(VENV)/bin/mypy --strict runtime/finetune_runtime
+
+test-runtime: setup runtime-deps typecheck-runtime ## Runtime tier: units, samples, 2-rank torchrun/mpirun trainings, resume, precompile
 	$(PY) -m pytest -q tests/runtime
 
 test-runtime-fast: setup ## Runtime tier without the trainings (marker `slow` deselected)

@@ -81,7 +81,7 @@ def flatten_squad(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def load_raw(ds: DatasetConfig, cache_dir: str | None = None) -> Any:
     """A `datasets.DatasetDict` with at least the train split."""
-    import datasets
+    import datasets  # type: ignore[import-untyped,unused-ignore]
 
     if ds.path:
         splits: dict[str, Any] = {}
@@ -224,7 +224,7 @@ def load_or_build(cache_root: Path, key: str, build: Callable[[], Any],
                   barrier_first: Callable[[], Any]) -> tuple[Any, bool]:
     """Load `cache_root/key` or build it. `barrier_first` is a context manager factory that lets rank 0 run
     its body first (HF TrainingArguments.main_process_first). Returns (DatasetDict, hit)."""
-    import datasets
+    import datasets  # type: ignore[import-untyped,unused-ignore]
 
     target = cache_root / key
     with barrier_first():

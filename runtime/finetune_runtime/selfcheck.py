@@ -39,7 +39,7 @@ def run_selfcheck() -> tuple[bool, dict[str, Any]]:
 
     report["torch"] = {"cuda": torch.cuda.is_available(), "threads": torch.get_num_threads(),
                        "bf16_cpu": bool(getattr(torch.backends, "mkldnn", None)
-                                        and torch.backends.mkldnn.is_available())}
+                                        and torch.backends.mkldnn.is_available())}  # type: ignore[no-untyped-call,unused-ignore]
     try:
         from finetune_runtime.tokenization import mecab_words
 

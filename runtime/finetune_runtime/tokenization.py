@@ -24,11 +24,14 @@ def read_tokenizer_config(name_or_path: str) -> dict[str, Any]:
     p = Path(name_or_path)
     if p.is_dir():
         f = p / "tokenizer_config.json"
-        return json.loads(f.read_text(encoding="utf-8")) if f.exists() else {}
+        doc: dict[str, Any] = json.loads(f.read_text(encoding="utf-8")) if f.exists() else {}
+        return doc
     try:
         from huggingface_hub import hf_hub_download
 
-        return json.loads(Path(hf_hub_download(name_or_path, "tokenizer_config.json")).read_text("utf-8"))
+        hub: dict[str, Any] = json.loads(Path(hf_hub_download(name_or_path, "tokenizer_config.json"))
+                                         .read_text("utf-8"))
+        return hub
     except Exception as e:  # the tokenizer load below reports the real problem
         log.debug("no tokenizer_config.json for %s: %s", name_or_path, e)
         return {}
@@ -61,4 +64,5 @@ def mecab_words(text: str) -> list[str]:
     """MeCab (unidic-lite) surface forms, the word level BertJapaneseTokenizer works on."""
     from transformers.models.bert_japanese.tokenization_bert_japanese import MecabTokenizer
 
-    return list(MecabTokenizer(do_lower_case=False, mecab_dic=FALLBACK_MECAB_DIC).tokenize(text))
+    mecab = MecabTokenizer(do_lower_case=False, mecab_dic=FALLBACK_MECAB_DIC)
+    return list(mecab.tokenize(text))  # type: ignore[no-untyped-call,unused-ignore]

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,7 @@ def build_model(task: TaskConfig, names: list[str] | None, tokenizer: Any, weigh
 
 def build_classification(raw: Any, task: TaskConfig, tokenizer: Any, names: list[str], seed: int,
                          pad_to_max: bool) -> Any:
-    import datasets
+    import datasets  # type: ignore[import-untyped,unused-ignore]
 
     ds = task.dataset
     train, ev = data.train_eval_splits(raw, ds, seed)
@@ -143,7 +144,7 @@ def build_classification(raw: Any, task: TaskConfig, tokenizer: Any, names: list
 
 
 def build_qa(raw: Any, task: TaskConfig, tokenizer: Any, seed: int) -> Any:
-    import datasets
+    import datasets  # type: ignore[import-untyped,unused-ignore]
 
     ds = task.dataset
     train, ev = data.train_eval_splits(raw, ds, seed)
@@ -185,7 +186,7 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, 
 def _trainer_classes() -> tuple[Any, Any]:
     from transformers import Trainer, TrainerCallback
 
-    class ProgressCallback(TrainerCallback):  # type: ignore[misc]
+    class ProgressCallback(TrainerCallback):
         """Progress lines + checkpoint completeness markers + a checkpoint at every epoch end."""
 
         def __init__(self, emitter: ProgressEmitter, precompile: bool, save_each_epoch: bool) -> None:
@@ -237,7 +238,7 @@ def _trainer_classes() -> tuple[Any, Any]:
                 self.emitter.emit("checkpoint", step=state.global_step, totalSteps=state.max_steps,
                                   epoch=round(float(state.epoch or 0), 4), path=str(ckpt))
 
-    class QATrainer(Trainer):  # type: ignore[misc]
+    class QATrainer(Trainer):
         """Trainer whose evaluate() turns start/end logits into answers and scores them (EM/F1)."""
 
         def __init__(self, *a: Any, eval_examples: Any, context_column: str, answers_column: str,
@@ -249,15 +250,17 @@ def _trainer_classes() -> tuple[Any, Any]:
 
         def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None,
                      metric_key_prefix: str = "eval") -> dict[str, float]:
-            features = eval_dataset if eval_dataset is not None else self.eval_dataset
+            features: Any = eval_dataset if eval_dataset is not None else self.eval_dataset
             loader = self.get_eval_dataloader(features)
             start = time.monotonic()
             out = self.evaluation_loop(loader, description="Evaluation", prediction_loss_only=False,
                                        ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
-            start_logits, end_logits = out.predictions[:2]
+            predictions: Any = out.predictions
+            start_logits, end_logits = predictions[0], predictions[1]
             preds = squad.postprocess_predictions(self.eval_examples, features, start_logits, end_logits,
                                                   self.context_column)
-            refs = {ex["id"]: list(ex[self.answers_column]["text"]) for ex in self.eval_examples}
+            refs: dict[str, Sequence[str]] = {ex["id"]: list(ex[self.answers_column]["text"])
+                                              for ex in self.eval_examples}
             metrics = {f"{metric_key_prefix}_{k}": v for k, v in squad.squad_metrics(preds, refs).items()}
             metrics[f"{metric_key_prefix}_runtime"] = round(time.monotonic() - start, 4)
             self.log(metrics)
@@ -320,7 +323,8 @@ def make_optimizer(model: Any, cfg: JobConfig) -> Any:
     """AdamW with the usual no-decay groups; built here only when IPEX must see the optimizer."""
     import torch
 
-    decay, no_decay = [], []
+    decay: list[Any] = []
+    no_decay: list[Any] = []
     for n, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "LayerNorm" in n or n.endswith(".bias") else decay).append(p)
@@ -333,8 +337,8 @@ def make_optimizer(model: Any, cfg: JobConfig) -> Any:
 def predict_classification(model_dir: Path, samples: list[str]) -> list[dict[str, Any]]:
     from transformers import pipeline
 
-    clf = pipeline("text-classification", model=str(model_dir), tokenizer=load_tokenizer(str(model_dir)),
-                   device="cpu")
+    clf = pipeline("text-classification", model=str(model_dir),  # type: ignore[call-overload,unused-ignore]
+                   tokenizer=load_tokenizer(str(model_dir)), device="cpu")
     results = clf(samples)
     return [{"text": s, "label": r["label"], "score": round(float(r["score"]), 6)}
             for s, r in zip(samples, results, strict=True)]
@@ -350,7 +354,8 @@ def predict_qa(model_dir: Path, samples: list[dict[str, Any]], max_length: int,
     if "question-answering" in SUPPORTED_TASKS:
         from transformers import pipeline
 
-        qa = pipeline("question-answering", model=str(model_dir), tokenizer=tokenizer, device="cpu")
+        qa: Any = pipeline("question-answering",  # type: ignore[call-overload,unused-ignore]
+                           model=str(model_dir), tokenizer=tokenizer, device="cpu")
         out = []
         for s in samples:
             r = qa(question=s["question"], context=s["context"], max_seq_len=max_length, doc_stride=doc_stride)
@@ -391,7 +396,7 @@ def upload(local_root: Path, url: str) -> None:
     from finetune_runtime.backends import MissingStackError
 
     try:
-        import boto3
+        import boto3  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError as e:
         raise MissingStackError("FTJOB_OUTPUT_URL is set but boto3 is not installed; the finetune-operator "
                                 "images (finetune-operator/neuron, finetune-operator/xeon, ...) include it") from e
@@ -431,8 +436,8 @@ def run_worker() -> int:
     import datasets
     import transformers
 
-    transformers.logging.set_verbosity_warning()
-    transformers.utils.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_warning()  # type: ignore[no-untyped-call,unused-ignore]
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call,unused-ignore]
     # Our own cache (below) is the one that counts; datasets' per-map cache files would only duplicate it.
     datasets.disable_caching()
     datasets.disable_progress_bars()
@@ -486,8 +491,9 @@ def run_worker() -> int:
                                  context_column=task.dataset.context_column,
                                  answers_column=task.dataset.answers_column, **common)
     else:
-        trainer = transformers.Trainer(compute_metrics=lambda p: classification_metrics(p.predictions,
-                                                                                        p.label_ids), **common)
+        trainer = transformers.Trainer(
+            compute_metrics=lambda p: classification_metrics(np.asarray(p.predictions), np.asarray(p.label_ids)),
+            **common)
 
     train_metrics: dict[str, Any] = {}
     if finished:

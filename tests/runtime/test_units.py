@@ -439,3 +439,32 @@ def test_wait_for_reports_what_is_missing() -> None:
     assert not ok
     assert any("TIMEOUT" in ln and "no-such-host.invalid" in ln for ln in lines)
     assert any("dns:localhost ready" in ln for ln in lines)
+
+
+# --- metrics / upload keys --------------------------------------------------------------------------------
+
+
+def test_classification_metrics() -> None:
+    import numpy as np
+
+    from finetune_runtime.train import classification_metrics
+
+    logits = np.array([[2.0, 0], [0, 3.0], [0, 1.0], [1.0, 0]])
+    m = classification_metrics(logits, np.array([0, 1, 0, 1]))
+    assert m["accuracy"] == 0.5 and m["f1"] == pytest.approx(0.5)  # label 1: tp 1, fp 1, fn 1
+    three = classification_metrics(np.eye(3), np.array([0, 1, 2]))
+    assert three == {"accuracy": 1.0, "f1": 1.0}
+
+
+def test_s3_keys_cover_the_final_artefacts(tmp_path: Path) -> None:
+    from finetune_runtime.train import s3_keys
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "metrics.json").write_text("{}")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "x").write_text("")
+    keys = [(b, k) for _, b, k in s3_keys(tmp_path, "s3://bucket/jobs/demo/")]
+    assert keys == [("bucket", "jobs/demo/model/config.json"), ("bucket", "jobs/demo/metrics.json")]
+    with pytest.raises(ValueError, match="s3://"):
+        s3_keys(tmp_path, "gs://bucket")
