@@ -181,6 +181,48 @@ def test_chart_crd_admits_every_sample(kubectl: Kubectl, installed: dict[str, st
     assert len(created) == len(list(SAMPLES.glob("*.yaml"))), out
 
 
+# (verb, resource) pairs the operator uses in a namespace it handles, as the apiserver's RBAC evaluates them.
+OPERATOR_CAN = [
+    *[(v, "finetunejobs.finetune.dev") for v in ("get", "list", "watch", "patch", "delete")],
+    *[(v, "finetunejobs.finetune.dev/status") for v in ("get", "patch", "update")],  # resource/subresource
+    *[
+        (v, r)
+        for r in ("pods", "services", "configmaps", "secrets")
+        for v in ("get", "list", "watch", "create", "delete")
+    ],
+    ("get", "pods/log"),
+    *[(v, r) for r in ("events", "events.events.k8s.io") for v in ("create", "patch")],
+]
+# What it must not be able to do there: least privilege, not just enough privilege.
+OPERATOR_CANNOT = [("create", "finetunejobs.finetune.dev"), ("update", "finetunejobs.finetune.dev"),
+                   ("update", "pods"), ("patch", "pods"), ("patch", "secrets"), ("create", "pods/exec"),
+                   ("create", "deployments.apps"), ("create", "roles.rbac.authorization.k8s.io")]  # fmt: skip
+
+
+def test_service_account_has_exactly_the_operator_permissions(kubectl: Kubectl, installed: dict[str, str]) -> None:
+    sa = f"system:serviceaccount:{installed['release']}:{FULLNAME}"
+
+    def can(verb: str, resource: str, *scope: str) -> bool:
+        resource, _, sub = resource.partition("/")
+        extra = [f"--subresource={sub}"] if sub else []
+        out = kubectl("auth", "can-i", verb, resource, *extra, f"--as={sa}", *scope, check=False)
+        return out.strip() == "yes"
+
+    jobs = ["-n", installed["jobs"]]
+    for verb, resource in OPERATOR_CAN:
+        assert can(verb, resource, *jobs), f"cannot {verb} {resource} in the jobs namespace"
+    for verb, resource in OPERATOR_CANNOT:
+        assert not can(verb, resource, *jobs), f"can {verb} {resource}: more than the operator needs"
+    assert can("list", "customresourcedefinitions.apiextensions.k8s.io")
+    assert not can("create", "customresourcedefinitions.apiextensions.k8s.io")
+    namespaced = installed["mode"] == "namespaced"
+    # kopf reads namespaces only when given --namespace flags (see templates/rbac.yaml).
+    assert can("watch", "namespaces") is namespaced
+    # Outside the watched namespace a namespaced-mode operator can do nothing.
+    assert can("create", "pods", "-n", "kube-system") is not namespaced
+    assert can("get", "secrets", "-n", "kube-system") is not namespaced
+
+
 def test_operator_pod_passes_restricted_pod_security_admission(kubectl: Kubectl, installed: dict[str, str]) -> None:
     """The ReplicaSet controller creates the pod only if PodSecurity admission (enforce=restricted) allows it."""
     ns = installed["release"]
