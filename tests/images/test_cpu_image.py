@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from pathlib import Path
 
 from .conftest import FTJOB_UID, REPO, Docker, requirement_pins
@@ -178,3 +179,105 @@ def test_two_rank_training(docker: Docker, image: str, tmp_path: Path) -> None:
     assert sorted(p.name for p in checkpoint.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
     metrics = (job_out / "metrics.json").read_text(encoding="utf-8")
     assert '"accuracy"' in metrics, metrics  # eval metrics of the text-classification task
+
+
+def test_mpi_launcher_and_two_ssh_workers(docker: Docker, image: str, tmp_path: Path) -> None:
+    """The MPI path of the image, as the operator lays it out: two worker containers run `ftjob-runtime sshd`
+    (non-root sshd on 2222 with keys from /etc/ftjob/ssh), a launcher runs `ftjob-runtime wait-for --ssh` and
+    `ftjob-runtime mpirun` (MPICH's Hydra over ssh), one rank per worker."""
+    run_id = uuid.uuid4().hex[:8]
+    net, workers = f"ftjob-img-{run_id}", [f"w{i}-{run_id}" for i in range(2)]
+    ssh_dir, out_dir, cache_dir = tmp_path / "ssh", tmp_path / "output", tmp_path / "cache"
+    for d in (ssh_dir, out_dir, cache_dir):
+        d.mkdir()
+        d.chmod(0o777)
+    # The job's key pair and the host key, made with the image's own ssh-keygen (what the operator's Secret holds).
+    _sh(
+        docker,
+        image,
+        "cd /k && ssh-keygen -q -t ed25519 -N '' -f id_ed25519 -C job && "
+        "ssh-keygen -q -t ed25519 -N '' -f ssh_host_ed25519_key -C host && cp id_ed25519.pub authorized_keys",
+        "-v",
+        f"{ssh_dir}:/k",
+    )
+    config = json.loads(EXAMPLE_JOB.read_text(encoding="utf-8"))
+    config["jobName"] = "mpi-smoke"
+    config["training"].update({"maxSteps": 4, "batchSizePerDevice": 8, "logEverySteps": 2, "checkpointEverySteps": 100})
+    config["task"]["dataset"].update({"trainSamples": 64, "evalSamples": 16})
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    (tmp_path / "hostfile").write_text("".join(f"{w}:1\n" for w in workers), encoding="utf-8")  # MPICH format
+    env = {
+        "FTJOB_JOB_NAME": "mpi-smoke",
+        "FTJOB_NAMESPACE": "default",
+        "FTJOB_CONFIG": "/etc/ftjob/config.json",
+        "FTJOB_PROFILE": "cpu",
+        "FTJOB_BACKEND": "cpu",
+        "FTJOB_LAUNCHER": "mpi",
+        "FTJOB_NNODES": "2",
+        "FTJOB_NPROC_PER_NODE": "1",
+        "FTJOB_MASTER_ADDR": workers[0],
+        "FTJOB_MASTER_PORT": "29500",
+        "FTJOB_OUTPUT_DIR": "/output/mpi-smoke",
+        "FTJOB_CACHE_DIR": "/cache",
+        "FTJOB_MPI_IMPLEMENTATION": "mpich",
+        "FTJOB_HOSTFILE": "/etc/ftjob/hostfile",
+        "FTJOB_MPI_SLOTS_PER_NODE": "1",
+        "FTJOB_WORLD_SIZE": "2",
+        "FTJOB_SSH_PORT": "2222",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    common = [
+        "--network",
+        net,
+        "-w",
+        "/srv",
+        "-v",
+        f"{REPO / 'examples'}:/srv/examples:ro",
+        "-v",
+        f"{tmp_path / 'config.json'}:/etc/ftjob/config.json:ro",
+        "-v",
+        f"{tmp_path / 'hostfile'}:/etc/ftjob/hostfile:ro",
+        "-v",
+        f"{ssh_dir}:/etc/ftjob/ssh:ro",
+        "-v",
+        f"{out_dir}:/output",
+        "-v",
+        f"{cache_dir}:/cache",
+    ]
+    for key, value in env.items():
+        common += ["-e", f"{key}={value}"]
+    docker.run(["network", "create", net])
+    try:
+        for w in workers:
+            docker.run(["run", "-d", "--name", w, "--hostname", w, *common, image, "ftjob-runtime", "sshd"])
+        proc = docker.run(
+            [
+                "run",
+                "--rm",
+                "--name",
+                f"launcher-{run_id}",
+                *common,
+                image,
+                "bash",
+                "-c",
+                f"ftjob-runtime wait-for --ssh {' '.join(workers)} --timeout 120 && ftjob-runtime mpirun",
+            ],
+            timeout=900,
+        )
+    except AssertionError as e:
+        # The workers' sshd logs say why a login or a rank failed; they vanish with the containers.
+        logs = "".join(f"\n--- {w} logs\n" + docker.run(["logs", w], check=False).stderr[-3000:] for w in workers)
+        raise AssertionError(f"{e}{logs}") from e
+    finally:
+        docker.run(["rm", "-f", *workers], check=False)
+        docker.run(["network", "rm", net], check=False)
+
+    assert "mpirun.mpich -f /etc/ftjob/hostfile -n 2 -ppn 1" in proc.stdout
+    progress = [
+        json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("FTJOB_PROGRESS ")
+    ]
+    assert progress and progress[-1]["event"] == "done" and progress[-1]["step"] == 4, proc.stdout[-3000:]
+    checkpoint = out_dir / "mpi-smoke" / "checkpoints" / "checkpoint-4"
+    assert sorted(p.name for p in checkpoint.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    assert (out_dir / "mpi-smoke" / "model" / "config.json").is_file()
