@@ -300,7 +300,9 @@ def training_arguments(cfg: JobConfig, plan: BackendPlan, info: DistInfo, out_di
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
     }
-    if info.world_size > 1 and plan.ddp_backend:
+    # "xla" is not a TrainingArguments choice: under torchrun with torch-neuronx present, transformers creates
+    # the XLA process group itself when it is imported (training_args.py), so Neuron passes no ddp_backend.
+    if info.world_size > 1 and plan.ddp_backend and plan.ddp_backend != "xla":
         kw["ddp_backend"] = plan.ddp_backend
         # Classification heads use every parameter; QA heads leave BERT's pooler unused, which DDP must know.
         # Skipping the unused-parameter search where it is not needed saves a graph traversal per step.

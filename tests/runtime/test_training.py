@@ -13,6 +13,7 @@ from conftest import (
     DEMO_CONFIG,
     SQUAD_CONFIG,
     alive,
+    free_port,
     job_config,
     kill_tree,
     poll,
@@ -118,7 +119,7 @@ def test_killed_run_resumes_from_newest_complete_checkpoint(tmp_path: Path, pope
     killed_at = checkpoints.checkpoint_step(newest)
     assert killed_at is not None and killed_at < 60
 
-    run = run_runtime(["launch"], {**env, "FTJOB_MASTER_PORT": str(int(env["FTJOB_MASTER_PORT"]) + 1)}, tmp_path)
+    run = run_runtime(["launch"], {**env, "FTJOB_MASTER_PORT": str(free_port())}, tmp_path)
     assert run.rc == 0, run.out[-4000:]
     assert f"resuming from {ckpt_root}/checkpoint-" in run.out
     assert "cache hit" in run.out, "the second run must reuse the tokenised dataset"
@@ -130,7 +131,7 @@ def test_killed_run_resumes_from_newest_complete_checkpoint(tmp_path: Path, pope
     assert run.done["step"] == 60
 
     # A pod restarted after the last checkpoint: no step past max_steps, just the final artefacts again.
-    again = run_runtime(["launch"], {**env, "FTJOB_MASTER_PORT": str(int(env["FTJOB_MASTER_PORT"]) + 2)}, tmp_path)
+    again = run_runtime(["launch"], {**env, "FTJOB_MASTER_PORT": str(free_port())}, tmp_path)
     assert again.rc == 0, again.out[-4000:]
     assert "training had finished" in again.out and not again.events("train")
     assert again.done["step"] == 60 and (again.output_dir / "model" / "config.json").exists()
