@@ -93,8 +93,11 @@ def progress_records(text: str) -> list[dict[str, Any]]:
 
 def runtime_env(tmp: Path, config: Path, **extra: str) -> dict[str, str]:
     """The env contract of docs/architecture.md with local values (what `ftjob run` sets)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FTJOB_", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-                                                                     "MASTER_", "PMI_", "OMPI_"))}
+    # Drop what an earlier test (torch._inductor sets TORCHINDUCTOR_CACHE_DIR in-process) or the caller's
+    # shell may carry: each run gets only the contract's variables.
+    env = {k: v for k, v in os.environ.items() if not k.startswith((
+        "FTJOB_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "PMI_", "OMPI_", "TORCHINDUCTOR_", "HF_HOME",
+        "HF_DATASETS_CACHE"))}
     env.update({
         "FTJOB_JOB_NAME": "t", "FTJOB_NAMESPACE": "default", "FTJOB_CONFIG": str(config),
         "FTJOB_PROFILE": "cpu", "FTJOB_BACKEND": "cpu", "FTJOB_LAUNCHER": "torchrun",
