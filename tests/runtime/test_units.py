@@ -468,3 +468,18 @@ def test_s3_keys_cover_the_final_artefacts(tmp_path: Path) -> None:
     assert keys == [("bucket", "jobs/demo/model/config.json"), ("bucket", "jobs/demo/metrics.json")]
     with pytest.raises(ValueError, match="s3://"):
         s3_keys(tmp_path, "gs://bucket")
+
+
+def test_cli_missing_stack_exits_3_naming_the_image(tmp_path: Path) -> None:
+    import subprocess
+
+    from conftest import runtime_argv, runtime_env
+
+    env = runtime_env(tmp_path, DEMO_CONFIG, FTJOB_BACKEND="neuron")
+    worker = subprocess.run(runtime_argv("worker"), env=env, capture_output=True, text=True, check=False,
+                            timeout=300)
+    assert worker.returncode == 3 and "use the finetune-operator/neuron image" in worker.stderr
+    pre = subprocess.run(runtime_argv("launch", "--precompile"), env=env, capture_output=True, text=True,
+                         check=False, timeout=300)
+    assert pre.returncode == 3 and "neuron_parallel_compile" in pre.stderr
+    assert "finetune-operator/neuron" in pre.stderr
