@@ -44,9 +44,12 @@ def test_every_component_is_healthy(cluster: Cluster, kubectl: Kubectl) -> None:
         assert all(isinstance(p, Path) and p.exists() for p in cluster.logs.values())
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def widget_crd(kube_api: k8s_client.ApiClient, wait_for: Wait) -> Iterator[str]:
-    """A namespaced CRD with a CEL rule; unique group per run so a kept cluster never collides."""
+    """A namespaced CRD with a CEL rule; unique group per run so a kept cluster never collides.
+
+    Session-scoped on purpose: deleting a CRD stalls the garbage collector until its next 30 s discovery
+    resync, which would slow every later test that waits for garbage collection (docs/cluster.md)."""
     ext = k8s_client.ApiextensionsV1Api(kube_api)
     group = f"g{uuid.uuid4().hex[:8]}.smoke.ftjob.test"
     name = f"widgets.{group}"
@@ -129,9 +132,7 @@ def test_scheduler_binds_pod_to_node(kube_api: k8s_client.ApiClient, namespace: 
     core = k8s_client.CoreV1Api(kube_api)
     node_name = f"fake-node-{uuid.uuid4().hex[:6]}"
     core.create_node(
-        k8s_client.V1Node(
-            metadata=k8s_client.V1ObjectMeta(name=node_name, labels={"ftjob.test/fake": node_name})
-        )
+        k8s_client.V1Node(metadata=k8s_client.V1ObjectMeta(name=node_name, labels={"ftjob.test/fake": node_name}))
     )
     try:
         # Capacity lives in status, which only the status subresource sets.
@@ -177,9 +178,7 @@ def test_scheduler_binds_pod_to_node(kube_api: k8s_client.ApiClient, namespace: 
         core.delete_node(node_name)
 
 
-def test_garbage_collector_deletes_owned_child(
-    kube_api: k8s_client.ApiClient, namespace: str, wait_for: Wait
-) -> None:
+def test_garbage_collector_deletes_owned_child(kube_api: k8s_client.ApiClient, namespace: str, wait_for: Wait) -> None:
     core = k8s_client.CoreV1Api(kube_api)
     parent = core.create_namespaced_config_map(
         namespace, k8s_client.V1ConfigMap(metadata=k8s_client.V1ObjectMeta(name="parent"))
