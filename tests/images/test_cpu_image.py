@@ -48,6 +48,9 @@ def test_pinned_stack_and_labels(docker: Docker, image: str) -> None:
     for name, version in pins.items():
         # The CPU index adds a local label (2.15.0+cpu); PyPI's build has none.
         assert installed[name].split("+")[0] == version, (name, installed[name])
+    freeze = _sh(docker, image, "cat /opt/venv/ftjob-freeze.txt").splitlines()
+    assert any(line.startswith(f"torch=={pins['torch']}") for line in freeze), freeze
+    assert any(line.startswith("finetune-runtime") for line in freeze), freeze
     labels = json.loads(docker.run(["image", "inspect", "--format", "{{json .Config.Labels}}", image]).stdout)
     assert labels["dev.finetune.versions.torch"] == pins["torch"]
     assert labels["dev.finetune.versions.transformers"] == pins["transformers"]
