@@ -295,7 +295,9 @@ def training_arguments(cfg: JobConfig, plan: BackendPlan, info: DistInfo, out_di
         "save_total_limit": SAVE_TOTAL_LIMIT,
         "bf16": plan.trainer_bf16,
         "use_cpu": plan.use_cpu,
-        "torch_compile": precompile or t.compile,
+        # Precompile warms inductor where torch.compile is the graph compiler; on Neuron the XLA trial run
+        # under neuron_parallel_compile is the compilation, so it does not add torch.compile.
+        "torch_compile": (precompile and plan.name != "neuron") or t.compile,
         "report_to": "none",
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
@@ -512,8 +514,8 @@ def run_worker() -> int:
         if info.is_main:
             shutil.rmtree(run_dir, ignore_errors=True)
         emitter.emit("precompile", step=trainer.state.global_step, totalSteps=trainer.state.max_steps,
-                     complete=True, cacheDir=os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-                     or os.environ.get("NEURON_COMPILE_CACHE_URL"), time=utc_now())
+                     complete=True, cacheDir=os.environ.get("NEURON_COMPILE_CACHE_URL") if plan.name == "neuron"
+                     else os.environ.get("TORCHINDUCTOR_CACHE_DIR"), time=utc_now())
         return 0
 
     # The epoch schedule usually evaluated the final step already; evaluate again only when it did not.

@@ -483,3 +483,25 @@ def test_cli_missing_stack_exits_3_naming_the_image(tmp_path: Path) -> None:
                          check=False, timeout=300)
     assert pre.returncode == 3 and "neuron_parallel_compile" in pre.stderr
     assert "finetune-operator/neuron" in pre.stderr
+
+
+def test_training_arguments_per_backend_and_mode(tmp_path: Path) -> None:
+    from finetune_runtime.distenv import DistInfo
+    from finetune_runtime.train import training_arguments
+
+    cfg = JobConfig.from_dict(json.loads(DEMO_CONFIG.read_text()))
+    # In-process TrainingArguments with a gloo ddp_backend would start torch.distributed: one rank here (the
+    # 2-rank arguments run for real in test_training.py).
+    one = DistInfo(0, 1, 0, 1, "single")
+    two = DistInfo(0, 2, 0, 2, "torchrun")
+    cpu = plan_backend("cpu", "fp32")
+    args = training_arguments(cfg, cpu, one, tmp_path, precompile=False, precompile_steps=16)
+    assert args.ddp_backend is None and args.use_cpu and not args.torch_compile
+    assert args.save_steps == cfg.training.checkpoint_every_steps and args.eval_strategy == "epoch"
+    assert args.logging_steps == 10 and args.max_steps == -1 and args.num_train_epochs == 6
+    assert args.get_warmup_steps(100) == 10  # warmupRatio 0.1, on transformers 4.57 and 5.x alike
+    pre = training_arguments(cfg, cpu, one, tmp_path, precompile=True, precompile_steps=3)
+    assert pre.torch_compile and pre.max_steps == 3 and pre.save_strategy == "no"
+    neuron = plan_backend("neuron", "bf16", importable=lambda m: m == "torch_xla")
+    nargs = training_arguments(cfg, neuron, two, tmp_path, precompile=True, precompile_steps=3)
+    assert nargs.ddp_backend is None and not nargs.torch_compile and not nargs.bf16
