@@ -40,6 +40,9 @@ def install_crd(kubectl: Callable[..., Any], wait_for: Callable[..., Any]) -> No
     # Established comes a moment before the API server's discovery documents list the new resource.
     wait_for(lambda: kubectl("get", "ftj", "-A", check=False).returncode == 0, timeout=60,
              message="finetunejobs in discovery")
+    # ... and the schema reaches the published OpenAPI (what `kubectl explain` reads) a moment later still.
+    wait_for(lambda: kubectl("explain", "finetunejobs.spec", check=False).returncode == 0, timeout=60,
+             message="CRD schema in OpenAPI")
 
 
 @contextmanager
