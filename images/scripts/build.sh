@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds one image: images/scripts/build.sh FLAVOR [extra docker build args...]
-#   FLAVOR: cpu | nvidia | xeon | xeon-upstream | neuron
+#   FLAVOR: cpu | nvidia | xeon | xeon-upstream | neuron | operator
 # Environment:
 #   IMAGE_TAG        tag; the image is finetune-operator/FLAVOR:IMAGE_TAG. Default: the runtime package's
-#                    version (runtime/pyproject.toml), the tag the operator's hardware profiles name
+#                    version (runtime/pyproject.toml), the tag the operator's hardware profiles name; for
+#                    `operator` the operator package's version (operator/pyproject.toml), the chart's appVersion
 #   BASE_IMAGE       base image; when unset and no registry is reachable, a debootstrap'ed Debian base is built
 #                    once (base-image.sh) and used (Debian-based flavors only)
 #   TORCH_INDEX_URL  passed through to flavors that take it
@@ -17,15 +18,17 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 DOCKER=${DOCKER:-/usr/bin/docker}
-flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron [docker build args...]}
+flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron|operator [docker build args...]}
 shift
-runtime_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/runtime/pyproject.toml")
-tag=${IMAGE_TAG:-$runtime_version}
+package=runtime
+if [ "$flavor" = operator ]; then package=operator; fi
+package_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/$package/pyproject.toml")
+tag=${IMAGE_TAG:-$package_version}
 
 dockerfile=images/$flavor/Dockerfile
 stack=()
 case "$flavor" in
-  cpu|nvidia|neuron) ;;
+  cpu|nvidia|neuron|operator) ;;
   xeon) stack=(--build-arg XEON_STACK=ipex) ;;
   xeon-upstream) dockerfile=images/xeon/Dockerfile; stack=(--build-arg XEON_STACK=upstream) ;;
   *) echo "unknown flavor $flavor" >&2; exit 2 ;;
@@ -48,7 +51,8 @@ fi
 if [ -n "${BASE_IMAGE:-}" ]; then args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE"); fi
 # Flavors whose default torch index is the PyTorch CPU index fall back to PyPI when that index is unreachable
 # (machines that reach only PyPI): PyPI's torch is the CUDA build, larger but it runs on CPU.
-if [ -z "${TORCH_INDEX_URL:-}" ] && [ "$flavor" != nvidia ]; then
+# The operator image has no torch.
+if [ -z "${TORCH_INDEX_URL:-}" ] && [ "$flavor" != nvidia ] && [ "$flavor" != operator ]; then
   if ! curl -fs -o /dev/null --max-time 10 https://download.pytorch.org/whl/cpu/torch/; then
     echo "download.pytorch.org unreachable: torch from PyPI (TORCH_INDEX_URL=https://pypi.org/simple)" >&2
     TORCH_INDEX_URL=https://pypi.org/simple
