@@ -3,12 +3,14 @@
 # Default tag: the runtime's version, which is the tag the operator's hardware profiles
 # (operator/finetune_operator/profiles/*.yaml) name, so a locally built image is the one a job pulls.
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' runtime/pyproject.toml)
+# The operator image is tagged with the operator package's version: the chart's appVersion, hence its default image.
+OPERATOR_IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' operator/pyproject.toml)
 IMAGES_DOCKER := /usr/bin/docker
 IMAGES_FLAVORS := cpu nvidia xeon xeon-upstream neuron
 IMAGES_DOCKERFILES := $(wildcard images/*/Dockerfile)
 IMAGES_SCRIPTS := $(wildcard images/scripts/*.sh images/common/*.sh)
 
-.PHONY: images images-docker image-base lint-images test-images $(addprefix image-,$(IMAGES_FLAVORS))
+.PHONY: images images-docker image-base image-operator lint-images test-images $(addprefix image-,$(IMAGES_FLAVORS))
 
 images-docker: ## Install Docker (docker.io) + debootstrap from Debian and start dockerd when it is not running
 	hack/apt-install.sh docker.io debootstrap curl
@@ -27,13 +29,17 @@ image-xeon: ## Build finetune-operator/xeon (torch 2.7 + IPEX 2.7 + oneccl_bind_
 image-xeon-upstream: ## Build finetune-operator/xeon-upstream (current torch, AMX via upstream oneDNN, Intel MPI)
 image-neuron: ## Build finetune-operator/neuron (Neuron SDK 2.31; needs the Neuron apt/pip repos and an Ubuntu 24.04 base)
 
-images: $(addprefix image-,$(IMAGES_FLAVORS)) ## Build every image (neuron and xeon need their vendor repos)
+image-operator: images-docker ## Build finetune-operator/operator (the operator itself: kopf, no torch; the chart's default image)
+	IMAGE_TAG=$(OPERATOR_IMAGE_TAG) images/scripts/build.sh operator
+
+images: $(addprefix image-,$(IMAGES_FLAVORS)) image-operator ## Build every image (neuron and xeon need their vendor repos)
 
 lint-images: setup ## hadolint every Dockerfile, shellcheck the image scripts
 	$(VENV)/bin/hadolint --config images/.hadolint.yaml $(IMAGES_DOCKERFILES)
 	$(VENV)/bin/shellcheck $(IMAGES_SCRIPTS)
 
-test-images: setup lint-images image-cpu ## Images tier: lint, build the cpu image (cached), smoke-test it (uid, selfcheck, 2-rank training)
-	FTJOB_TEST_IMAGE=finetune-operator/cpu:$(IMAGE_TAG) $(PY) -m pytest -q tests/images
+test-images: setup k8s-bins lint-images image-cpu image-operator ## Images tier: lint, build the cpu and operator images (cached), smoke-test them (uid, selfcheck, 2-rank training, operator on a control plane)
+	FTJOB_TEST_IMAGE=finetune-operator/cpu:$(IMAGE_TAG) FTJOB_TEST_OPERATOR_IMAGE=finetune-operator/operator:$(OPERATOR_IMAGE_TAG) \
+	  $(PY) -m pytest -q tests/images
 
 TEST_TIERS += test-images

@@ -16,7 +16,9 @@ from .conftest import REPO, requirement_pins
 IMAGES = REPO / "images"
 DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
 SCRIPTS = sorted([*IMAGES.glob("scripts/*.sh"), *IMAGES.glob("common/*.sh")])
-FLAVORS = {"cpu", "nvidia", "xeon", "neuron"}
+FLAVORS = {"cpu", "nvidia", "xeon", "neuron", "operator"}
+# The runtime images share one layout; the operator's own image has its rules in test_operator_image.py.
+RUNTIME_DOCKERFILES = [p for p in DOCKERFILES if p.parent.name != "operator"]
 
 
 def _tool(name: str) -> str:
@@ -51,7 +53,7 @@ def _final_stage(text: str) -> str:
     return text[text.rindex("\nFROM ") :]
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("dockerfile", RUNTIME_DOCKERFILES, ids=lambda p: p.parent.name)
 def test_shared_rules(dockerfile: Path) -> None:
     text = dockerfile.read_text(encoding="utf-8")
     before_first_from = text[: text.index("\nFROM ")]
