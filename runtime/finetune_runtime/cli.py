@@ -34,7 +34,7 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
 
 def cmd_mpirun(_: argparse.Namespace) -> int:
-    from finetune_runtime.launcher import mpirun_command, parse_hostfile, write_ssh_config
+    from finetune_runtime.launcher import mpirun_command, parse_hostfile, write_ssh_config, write_ssh_wrapper
     from finetune_runtime.sshd import install_keys
 
     home = Path(os.environ.get("HOME") or "/home/ftjob")
@@ -43,8 +43,8 @@ def cmd_mpirun(_: argparse.Namespace) -> int:
         install_keys(secret, home, required=("id_ed25519",))
     hostfile = os.environ.get("FTJOB_HOSTFILE", "")
     hosts = [h.host for h in parse_hostfile(Path(hostfile).read_text())] if hostfile else []
-    write_ssh_config(os.environ, hosts, home)
-    argv = mpirun_command(os.environ)
+    wrapper = write_ssh_wrapper(write_ssh_config(os.environ, hosts, home))
+    argv = mpirun_command(os.environ, ssh_exec=str(wrapper))
     print("ftjob-runtime mpirun: " + " ".join(argv), flush=True)
     return _exec(argv)
 

@@ -109,7 +109,9 @@ def forwarded_vars(env: Mapping[str, str]) -> list[str]:
 
 
 def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root: bool | None = None,
-                   which: object = shutil.which) -> list[str]:
+                   which: object = shutil.which, ssh_exec: str | None = None) -> list[str]:
+    """The mpirun argv. `ssh_exec`: the program mpirun uses to reach other hosts (`ftjob-ssh`, which runs
+    `ssh -F <our config>`; ssh itself reads ~/.ssh/config from the passwd home, which need not be $HOME)."""
     impl = env.get("FTJOB_MPI_IMPLEMENTATION") or "openmpi"
     if impl not in ("intel", "mpich", "openmpi"):
         raise LaunchError(f"FTJOB_MPI_IMPLEMENTATION must be intel, mpich or openmpi, got {impl!r}")
@@ -119,8 +121,13 @@ def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root
     binary = env.get("FTJOB_MPIRUN") or default_mpirun(impl, which)
     worker = [python, "-m", "finetune_runtime", "worker"]
     if impl in ("intel", "mpich"):
-        # Hydra: -genvall exports the launcher's whole environment to every rank.
-        return [binary, "-f", hostfile, "-n", world, "-ppn", slots, "-genvall", *worker]
+        # Hydra: -genvall exports the launcher's whole environment to every rank. MPICH names its remote
+        # launcher option -launcher(-exec), Intel MPI -bootstrap(-exec).
+        agent: list[str] = []
+        if ssh_exec:
+            flag = "-launcher" if impl == "mpich" else "-bootstrap"
+            agent = [flag, "ssh", f"{flag}-exec", ssh_exec]
+        return [binary, "-f", hostfile, "-n", world, "-ppn", slots, *agent, "-genvall", *worker]
     root = (os.geteuid() == 0) if is_root is None else is_root
     cmd = [binary, "--hostfile", hostfile, "-np", world, "--map-by", f"ppr:{slots}:node",
            # Pinning every rank to one core starves the OpenMP threads torch starts; thread placement is left
@@ -128,6 +135,8 @@ def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root
            "--bind-to", "none"]
     if root:
         cmd.append("--allow-run-as-root")
+    if ssh_exec:
+        cmd += ["--mca", "plm_rsh_agent", ssh_exec]
     for var in forwarded_vars(env):
         cmd += ["-x", var]
     return cmd + worker
@@ -155,3 +164,11 @@ def write_ssh_config(env: Mapping[str, str], hosts: list[str], home: Path) -> Pa
     cfg.write_text(ssh_config(env, hosts, home), encoding="utf-8")
     os.chmod(cfg, 0o600)
     return cfg
+
+
+def write_ssh_wrapper(cfg: Path) -> Path:
+    """`~/.ssh/ftjob-ssh`: ssh with our client config, for mpirun's remote launcher."""
+    w = cfg.parent / "ftjob-ssh"
+    w.write_text(f'#!/bin/sh\nexec ssh -F "{cfg}" "$@"\n', encoding="utf-8")
+    os.chmod(w, 0o700)
+    return w

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, runtime_argv
+from conftest import DEMO_CONFIG, ROOT, free_port, job_config, run_runtime, runtime_argv, runtime_env
 
 from finetune_runtime.launcher import write_ssh_config
 from finetune_runtime.sshd import install_keys
@@ -78,3 +78,42 @@ def test_sshd_accepts_the_job_key_and_wait_for_sees_it(tmp_path: Path, popen_gro
         assert r.stdout.strip() == "hello-from-ssh"
     modes = {p.name: p.stat().st_mode & 0o777 for p in (home / ".ssh").iterdir()}
     assert modes["ssh_host_ed25519_key"] == 0o600 and modes["authorized_keys"] == 0o600
+
+
+@pytest.fixture
+def sshd_on_free_port(tmp_path: Path, popen_group, request: pytest.FixtureRequest) -> tuple[int, Path]:  # type: ignore[no-untyped-def]
+    """A running `ftjob-runtime sshd` (the MPI worker side): (port, secret dir)."""
+    secret = _secret(tmp_path)
+    port = free_port()
+    home = Path(tempfile.mkdtemp(prefix="ssh-home-", dir=_out_dir()))
+    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
+    env = {**os.environ, "HOME": str(home), "FTJOB_SSH_PORT": str(port), "FTJOB_SSH_SECRET_DIR": str(secret)}
+    log = (tmp_path / "sshd.log").open("w")
+    request.addfinalizer(log.close)
+    popen_group(runtime_argv("sshd"), env=env, stdout=log, stderr=subprocess.STDOUT)
+    ready = subprocess.run(runtime_argv("wait-for", "--ssh", f"127.0.0.1:{port}", "--timeout", "60"), env=env,
+                           capture_output=True, text=True, check=False, timeout=120)
+    assert ready.returncode == 0, ready.stdout
+    return port, secret
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["mpich", "openmpi"])
+def test_mpirun_reaches_workers_over_ssh(tmp_path: Path, impl: str, sshd_on_free_port: tuple[int, Path]) -> None:
+    """127.0.0.2 is not "this host" to Hydra or OpenMPI: they start the ranks through the ssh launcher
+    (`~/.ssh/ftjob-ssh` -> ssh -F the generated config -> our sshd on FTJOB_SSH_PORT), as in a cluster."""
+    port, secret = sshd_on_free_port
+    cfg = job_config(DEMO_CONFIG).training(maxSteps=2, checkpointEverySteps=2, logEverySteps=1) \
+        .write(tmp_path / "config.json")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.2 slots=2\n" if impl == "openmpi" else "127.0.0.2:2\n")
+    home = tmp_path / "launcher-home"
+    home.mkdir()
+    env = runtime_env(tmp_path, cfg, FTJOB_LAUNCHER="mpi", FTJOB_MPI_IMPLEMENTATION=impl,
+                      FTJOB_HOSTFILE=str(hostfile), FTJOB_WORLD_SIZE="2", FTJOB_MPI_SLOTS_PER_NODE="2",
+                      FTJOB_SSH_PORT=str(port), FTJOB_SSH_SECRET_DIR=str(secret), HOME=str(home))
+    run = run_runtime(["mpirun"], env, tmp_path)
+    assert run.rc == 0, run.out[-4000:]
+    assert str(home / ".ssh" / "ftjob-ssh") in run.out.splitlines()[0]
+    assert "rank 0 of 2" in run.out and run.done["step"] == 2
+    assert "Accepted publickey" in (tmp_path / "sshd.log").read_text(), "the ranks were not started over ssh"

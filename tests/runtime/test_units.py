@@ -103,6 +103,27 @@ def test_openmpi_command_forwards_vars_and_root_flag() -> None:
     assert "--allow-run-as-root" not in non_root and non_root[0] == "mpirun"
 
 
+def test_mpirun_ssh_launcher_flags() -> None:
+    w = "/home/ftjob/.ssh/ftjob-ssh"
+    which = _which({"mpirun", "mpirun.mpich", "mpirun.openmpi"})
+    mpich = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}, python="/py", which=which,
+                                    ssh_exec=w)
+    assert mpich[7:11] == ["-launcher", "ssh", "-launcher-exec", w]
+    intel = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "intel"}, python="/py", which=which,
+                                    ssh_exec=w)
+    assert intel[7:11] == ["-bootstrap", "ssh", "-bootstrap-exec", w]
+    ompi = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "openmpi"}, python="/py",
+                                   is_root=False, which=which, ssh_exec=w)
+    i = ompi.index("--mca")
+    assert ompi[i:i + 3] == ["--mca", "plm_rsh_agent", w]
+
+
+def test_ssh_wrapper_uses_our_config(tmp_path: Path) -> None:
+    cfg = launcher.write_ssh_config({}, [], tmp_path)
+    w = launcher.write_ssh_wrapper(cfg)
+    assert w.read_text() == f'#!/bin/sh\nexec ssh -F "{cfg}" "$@"\n' and w.stat().st_mode & 0o700 == 0o700
+
+
 def test_mpirun_override_and_missing_vars() -> None:
     env = {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "openmpi", "FTJOB_MPIRUN": "/opt/ompi/bin/mpirun"}
     assert launcher.mpirun_command(env, is_root=False, which=_which(set()))[0] == "/opt/ompi/bin/mpirun"
