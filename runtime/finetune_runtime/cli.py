@@ -33,7 +33,7 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     return _exec(argv, extra)
 
 
-def cmd_mpirun(_: argparse.Namespace) -> int:
+def cmd_mpirun(ns: argparse.Namespace) -> int:
     from finetune_runtime.launcher import mpirun_command, parse_hostfile, write_ssh_config, write_ssh_wrapper
     from finetune_runtime.sshd import install_keys
 
@@ -44,7 +44,8 @@ def cmd_mpirun(_: argparse.Namespace) -> int:
     hostfile = os.environ.get("FTJOB_HOSTFILE", "")
     hosts = [h.host for h in parse_hostfile(Path(hostfile).read_text())] if hostfile else []
     wrapper = write_ssh_wrapper(write_ssh_config(os.environ, hosts, home))
-    argv = mpirun_command(os.environ, ssh_exec=str(wrapper))
+    program = ns.program[1:] if ns.program[:1] == ["--"] else ns.program
+    argv = mpirun_command(os.environ, ssh_exec=str(wrapper), program=program or None)
     print("ftjob-runtime mpirun: " + " ".join(argv), flush=True)
     return _exec(argv)
 
@@ -102,7 +103,10 @@ def parser() -> argparse.ArgumentParser:
     lp = sub.add_parser("launch", help="torchrun rank pods: exec torchrun from the FTJOB_* env")
     lp.add_argument("--precompile", action="store_true", help="trial run that fills the compile cache")
     lp.set_defaults(fn=cmd_launch)
-    sub.add_parser("mpirun", help="MPI launcher pod: ssh config + exec mpirun").set_defaults(fn=cmd_mpirun)
+    mp = sub.add_parser("mpirun", help="MPI launcher pod: ssh config + exec mpirun")
+    mp.add_argument("program", nargs=argparse.REMAINDER,
+                    help="after `--`: the job's own command for every rank (default: the built-in worker)")
+    mp.set_defaults(fn=cmd_mpirun)
     sub.add_parser("sshd", help="MPI worker pods: install keys, run sshd").set_defaults(fn=cmd_sshd)
     wp = sub.add_parser("wait-for", help="wait for DNS names / SSH / TCP endpoints, with a deadline")
     wp.add_argument("--dns", nargs="*", default=[], metavar="HOST")

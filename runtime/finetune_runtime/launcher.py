@@ -109,9 +109,11 @@ def forwarded_vars(env: Mapping[str, str]) -> list[str]:
 
 
 def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root: bool | None = None,
-                   which: object = shutil.which, ssh_exec: str | None = None) -> list[str]:
+                   which: object = shutil.which, ssh_exec: str | None = None,
+                   program: list[str] | None = None) -> list[str]:
     """The mpirun argv. `ssh_exec`: the program mpirun uses to reach other hosts (`ftjob-ssh`, which runs
-    `ssh -F <our config>`; ssh itself reads ~/.ssh/config from the passwd home, which need not be $HOME)."""
+    `ssh -F <our config>`; ssh itself reads ~/.ssh/config from the passwd home, which need not be $HOME).
+    `program`: what every rank runs; default the runtime's worker, else a job's own command (spec.command)."""
     impl = env.get("FTJOB_MPI_IMPLEMENTATION") or "openmpi"
     if impl not in ("intel", "mpich", "openmpi"):
         raise LaunchError(f"FTJOB_MPI_IMPLEMENTATION must be intel, mpich or openmpi, got {impl!r}")
@@ -119,7 +121,7 @@ def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root
     world = _need(env, "FTJOB_WORLD_SIZE")
     slots = _need(env, "FTJOB_MPI_SLOTS_PER_NODE")
     binary = env.get("FTJOB_MPIRUN") or default_mpirun(impl, which)
-    worker = [python, "-m", "finetune_runtime", "worker"]
+    worker = list(program) if program else [python, "-m", "finetune_runtime", "worker"]
     if impl in ("intel", "mpich"):
         # Hydra: -genvall exports the launcher's whole environment to every rank. MPICH names its remote
         # launcher option -launcher(-exec), Intel MPI -bootstrap(-exec).

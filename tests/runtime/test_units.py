@@ -526,3 +526,10 @@ def test_training_arguments_per_backend_and_mode(tmp_path: Path) -> None:
     neuron = plan_backend("neuron", "bf16", importable=lambda m: m == "torch_xla")
     nargs = training_arguments(cfg, neuron, two, tmp_path, precompile=True, precompile_steps=3)
     assert nargs.ddp_backend is None and not nargs.torch_compile and not nargs.bf16
+
+
+def test_mpirun_runs_a_jobs_own_command_instead_of_the_worker() -> None:
+    env = {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}
+    cmd = launcher.mpirun_command(env, python="/py", which=_which({"mpirun.mpich"}),
+                                  program=["python", "train.py", "--lr", "1"])
+    assert cmd[-4:] == ["python", "train.py", "--lr", "1"] and "finetune_runtime" not in cmd
