@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from finetune_operator import progress
 from finetune_operator.admission import validate
 from finetune_operator.builders import desired
 from finetune_operator.local import local_env
@@ -57,6 +58,12 @@ def test_demo_job_trains_two_ranks_with_torchrun(tmp_path: Path) -> None:
     assert metrics["eval"]["accuracy"] >= 0.7  # balanced eval set: chance is 0.5
     assert "predictions:" in r.stdout and "positive" in r.stdout
     assert "done" in r.stderr  # the progress reporter saw the runtime's final line
+    # The operator's parser turns this real runtime log into status.progress (what `kubectl get ftj` shows).
+    prog = progress.from_text((tmp_path / "logs" / "train-node0.log").read_text())
+    assert prog is not None and prog["event"] == "done"
+    assert prog["step"] == prog["totalSteps"] == metrics["globalStep"]
+    assert prog["metrics"]["accuracy"] == metrics["eval"]["accuracy"]
+    assert prog["summary"].endswith("done") and f"{prog['step']}/{prog['totalSteps']} (100%)" in prog["summary"]
 
 
 @pytest.mark.slow
