@@ -236,6 +236,8 @@ def _print_results(out_dir: Path) -> None:
     if metrics.exists():
         print("metrics:")
         for k, v in json.loads(metrics.read_text()).items():
+            if isinstance(v, dict):
+                v = "  ".join(f"{mk}={mv:.4g}" if isinstance(mv, float) else f"{mk}={mv}" for mk, mv in v.items())
             print(f"  {k}: {v}")
     if preds.exists():
         data = json.loads(preds.read_text())
