@@ -306,16 +306,18 @@ class KubeApiserver(Component):
         return status == 200
 
 
-class KubeControllerManager(Component):
-    name = "kube-controller-manager"
-    binary = "kube-controller-manager"
+class _ControlPlaneClient(Component):
+    """A component that reaches the API server with its own kubeconfig and serves /healthz over TLS on
+    loopback (controller-manager, scheduler): the same serving and delegated-auth flags for both."""
+
+    user = ""
 
     def prepare(self, ctx: Context) -> None:
         self.port = free_port()
         self.endpoint = f"https://127.0.0.1:{self.port}"
-        self.kubeconfig = ctx.write_kubeconfig("controller-manager", CONTROLLER_MANAGER_USER)
+        self.kubeconfig = ctx.write_kubeconfig(self.name.removeprefix("kube-"), self.user)
 
-    def args(self, ctx: Context) -> list[str]:
+    def serving_args(self, ctx: Context) -> list[str]:
         return [
             f"--kubeconfig={self.kubeconfig}",
             f"--authentication-kubeconfig={self.kubeconfig}",
@@ -325,6 +327,23 @@ class KubeControllerManager(Component):
             f"--tls-cert-file={ctx.serving.cert}",
             f"--tls-private-key-file={ctx.serving.key}",
             f"--client-ca-file={ctx.ca.pair.cert}",
+            "--leader-elect=false",
+            "--profiling=false",
+        ]
+
+    def healthy(self, ctx: Context) -> bool:
+        status, _ = ctx.https_get(f"{self.endpoint}/healthz")
+        return status == 200
+
+
+class KubeControllerManager(_ControlPlaneClient):
+    name = "kube-controller-manager"
+    binary = "kube-controller-manager"
+    user = CONTROLLER_MANAGER_USER
+
+    def args(self, ctx: Context) -> list[str]:
+        return [
+            *self.serving_args(ctx),
             # Every controller, including garbage collector and namespace controller; each one runs under
             # its own service account, as in a real cluster, so RBAC problems show up here too.
             "--controllers=*",
@@ -334,41 +353,16 @@ class KubeControllerManager(Component):
             f"--cluster-signing-cert-file={ctx.ca.pair.cert}",
             f"--cluster-signing-key-file={ctx.ca.pair.key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--leader-elect=false",
-            "--profiling=false",
         ]
 
-    def healthy(self, ctx: Context) -> bool:
-        status, _ = ctx.https_get(f"{self.endpoint}/healthz")
-        return status == 200
 
-
-class KubeScheduler(Component):
+class KubeScheduler(_ControlPlaneClient):
     name = "kube-scheduler"
     binary = "kube-scheduler"
-
-    def prepare(self, ctx: Context) -> None:
-        self.port = free_port()
-        self.endpoint = f"https://127.0.0.1:{self.port}"
-        self.kubeconfig = ctx.write_kubeconfig("scheduler", SCHEDULER_USER)
+    user = SCHEDULER_USER
 
     def args(self, ctx: Context) -> list[str]:
-        return [
-            f"--kubeconfig={self.kubeconfig}",
-            f"--authentication-kubeconfig={self.kubeconfig}",
-            f"--authorization-kubeconfig={self.kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={self.port}",
-            f"--tls-cert-file={ctx.serving.cert}",
-            f"--tls-private-key-file={ctx.serving.key}",
-            f"--client-ca-file={ctx.ca.pair.cert}",
-            "--leader-elect=false",
-            "--profiling=false",
-        ]
-
-    def healthy(self, ctx: Context) -> bool:
-        status, _ = ctx.https_get(f"{self.endpoint}/healthz")
-        return status == 200
+        return self.serving_args(ctx)
 
 
 def control_plane() -> list[Component]:
