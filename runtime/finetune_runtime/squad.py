@@ -64,10 +64,10 @@ def _pad_right(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "padding_side", "right") == "right")
 
 
-def prepare_train_features(examples: dict[str, list[Any]], tokenizer: Any, max_length: int, doc_stride: int,
-                           question_col: str, context_col: str, answers_col: str) -> dict[str, Any]:
-    """Tokenise (question, context) with overflow windows; label each window with token start/end positions
-    of the first answer, or the CLS position when the answer is not inside the window."""
+def _windows(examples: dict[str, list[Any]], tokenizer: Any, max_length: int, doc_stride: int, question_col: str,
+             context_col: str) -> tuple[bool, Any]:
+    """(question, context) pairs tokenised into overlapping windows of the context, with offsets; the context
+    goes second unless the tokenizer pads on the left."""
     pad_right = _pad_right(tokenizer)
     questions = [q.lstrip() for q in examples[question_col]]
     contexts = examples[context_col]
@@ -81,6 +81,14 @@ def prepare_train_features(examples: dict[str, list[Any]], tokenizer: Any, max_l
         return_offsets_mapping=True,
         padding="max_length",
     )
+    return pad_right, enc
+
+
+def prepare_train_features(examples: dict[str, list[Any]], tokenizer: Any, max_length: int, doc_stride: int,
+                           question_col: str, context_col: str, answers_col: str) -> dict[str, Any]:
+    """Tokenise (question, context) with overflow windows; label each window with token start/end positions
+    of the first answer, or the CLS position when the answer is not inside the window."""
+    pad_right, enc = _windows(examples, tokenizer, max_length, doc_stride, question_col, context_col)
     sample_map = enc.pop("overflow_to_sample_mapping")
     offsets_all = enc.pop("offset_mapping")
     starts: list[int] = []
@@ -122,19 +130,7 @@ def prepare_eval_features(examples: dict[str, list[Any]], tokenizer: Any, max_le
                           question_col: str, context_col: str, id_col: str = "id") -> dict[str, Any]:
     """Like the train features, but keep for each window its example id and the offsets of context tokens
     only (None elsewhere) so post-processing can map logits back to character spans."""
-    pad_right = _pad_right(tokenizer)
-    questions = [q.lstrip() for q in examples[question_col]]
-    contexts = examples[context_col]
-    enc = tokenizer(
-        questions if pad_right else contexts,
-        contexts if pad_right else questions,
-        truncation="only_second" if pad_right else "only_first",
-        max_length=max_length,
-        stride=doc_stride,
-        return_overflowing_tokens=True,
-        return_offsets_mapping=True,
-        padding="max_length",
-    )
+    pad_right, enc = _windows(examples, tokenizer, max_length, doc_stride, question_col, context_col)
     sample_map = enc.pop("overflow_to_sample_mapping")
     ctx_id = 1 if pad_right else 0
     example_ids = []
