@@ -43,7 +43,8 @@ def load_jobs(path: str) -> list[dict[str, Any]]:
 
 
 def load_config(path: str | None) -> dict[str, Any]:
-    """Operator configuration (the chart's ConfigMap): `images: {profile: image}`."""
+    """Operator configuration (the chart's ConfigMap): `images: {profile: image}`,
+    `networkPolicy: {enabled: bool, extraIngress: [NetworkPolicyIngressRule]}`."""
     if not path:
         return {}
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
@@ -73,7 +74,9 @@ def _render(args: argparse.Namespace) -> int:
                 print(f"  {err}", file=sys.stderr)
             continue
         keys = generate_keys(name) if (job["spec"].get("launcher") or _default_launcher(job)) == "mpi" else None
-        out += desired(job, images=config.get("images"), ssh_keys=keys).all()
+        out += desired(
+            job, images=config.get("images"), ssh_keys=keys, network_policy_config=config.get("networkPolicy")
+        ).all()
     if out:
         sys.stdout.write(dump_yaml_stream(out))
     return 1 if failed else 0

@@ -95,7 +95,8 @@ def reconcile_once(kube: Kube, namespace: str, name: str) -> float:
         return IDLE_REQUEUE_S
     job["status"] = raw.get("status") or {}
 
-    pods, objects = kube.list_children(namespace, name)
+    with_policies = bool((_config.get("networkPolicy") or {}).get("enabled"))
+    pods, objects = kube.list_children(namespace, name, network_policies=with_policies)
     prog = None
     phase = old_status.get("phase")
     key = (namespace, name)
@@ -106,7 +107,7 @@ def reconcile_once(kube: Kube, namespace: str, name: str) -> float:
             prog = progress.from_text(text, old_status.get("progress"))
     # Cheap (one ed25519 pair); only used when the job's immutable Secret does not exist yet.
     keys = generate_keys(name) if _launcher(job) == "mpi" else None
-    plan = reconcile(job, Observed(pods, objects, now, prog, keys), images=_config.get("images"))
+    plan = reconcile(job, Observed(pods, objects, now, prog, keys), _config)
     apply(kube, job, old_status, plan)
     RECONCILES.inc()
     if plan.delete_job:

@@ -34,6 +34,7 @@ class Kube:
         self.api = api or client.ApiClient()
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
+        self.networking = client.NetworkingV1Api(self.api)
 
     # -- children -------------------------------------------------------------------------------------------
     def _create_call(self, kind: str, ns: str, body: Any) -> Any:
@@ -45,6 +46,8 @@ class Kube:
             return self.core.create_namespaced_config_map(ns, body)
         if kind == "Secret":
             return self.core.create_namespaced_secret(ns, body)
+        if kind == "NetworkPolicy":
+            return self.networking.create_namespaced_network_policy(ns, body)
         raise ValueError(f"unsupported kind {kind}")
 
     def _read(self, kind: str, ns: str, name: str) -> dict[str, Any]:
@@ -53,6 +56,7 @@ class Kube:
             "Service": self.core.read_namespaced_service,
             "ConfigMap": self.core.read_namespaced_config_map,
             "Secret": self.core.read_namespaced_secret,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
         }[kind]
         return self._plain(reader(name, ns))
 
@@ -87,16 +91,22 @@ class Kube:
             if e.status != 404:
                 raise
 
-    def list_children(self, ns: str, job: str) -> tuple[list[dict[str, Any]], frozenset[str]]:
-        """Pods of the job, and "Kind/name" of its other children."""
+    def list_children(
+        self, ns: str, job: str, network_policies: bool = False
+    ) -> tuple[list[dict[str, Any]], frozenset[str]]:
+        """Pods of the job, and "Kind/name" of its other children (NetworkPolicies only when the operator
+        makes them: otherwise its RBAC has no reason to read them)."""
         sel = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB_NAME}={job}"
         pods = [self._plain(p) for p in self.core.list_namespaced_pod(ns, label_selector=sel).items]
         names = set()
-        for kind, lister in (
+        listers: list[tuple[str, Any]] = [
             ("Service", self.core.list_namespaced_service),
             ("ConfigMap", self.core.list_namespaced_config_map),
             ("Secret", self.core.list_namespaced_secret),
-        ):
+        ]
+        if network_policies:
+            listers.append(("NetworkPolicy", self.networking.list_namespaced_network_policy))
+        for kind, lister in listers:
             names |= {f"{kind}/{o.metadata.name}" for o in lister(ns, label_selector=sel).items if o.metadata}
         return pods, frozenset(names)
 

@@ -154,10 +154,9 @@ def _transition(plan: Plan, old_phase: str | None, phase: str, reason: str, mess
         plan.events.append((kind, reason, message))
 
 
-def reconcile(
-    job: dict[str, Any], observed: Observed, images: Mapping[str, str] | None = None
-) -> Plan:
-    """`job` has passed admission.validate (defaults applied) and carries its current status."""
+def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Plan:
+    """`job` has passed admission.validate (defaults applied) and carries its current status. `config` is the
+    operator's configuration (`images`, `networkPolicy`)."""
     now = observed.now
     spec = job["spec"]
     rp = spec.get("runPolicy") or {}
@@ -171,7 +170,9 @@ def reconcile(
     if observed.progress:
         st["progress"] = observed.progress
 
-    children = desired(job, images=images, ssh_keys=observed.ssh_keys, attempt=attempt)
+    cfg = config or {}
+    children = desired(job, images=cfg.get("images"), ssh_keys=observed.ssh_keys, attempt=attempt,
+                       network_policy_config=cfg.get("networkPolicy"))
     st["worldSize"] = children.layout.world_size
     live = [p for p in observed.pods if not _deleting(p)]
     current = [p for p in live if _attempt(p) == attempt]

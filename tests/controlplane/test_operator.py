@@ -26,9 +26,19 @@ def crd(kubectl: Any, wait_for: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def operator(crd: None, kubeconfig: Path, wait_for: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def operator_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the chart's ConfigMap holds with networkPolicy.enabled: every job gets its own NetworkPolicy."""
+    path = tmp_path_factory.mktemp("config") / "config.yaml"
+    path.write_text(yaml.safe_dump({"images": {"cpu": "registry.test/finetune-operator/cpu:1"},
+                                    "networkPolicy": {"enabled": True}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def operator(crd: None, kubeconfig: Path, wait_for: Any, tmp_path_factory: pytest.TempPathFactory,
+             operator_config: Path) -> Iterator[Path]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with running_operator(kubeconfig, wait_for, log):
+    with running_operator(kubeconfig, wait_for, log, ["--config", str(operator_config)]):
         yield log
     print(f"operator log: {log}")
 
@@ -108,9 +118,9 @@ def test_hardware_task_and_launcher_are_immutable(crd: None, kubectl: Any, names
 # -- children ------------------------------------------------------------------------------------------------------
 
 
-def _rendered(sample: Path, ns: str) -> list[dict[str, Any]]:
-    out = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(sample), "-n", ns],
-                         capture_output=True, text=True, check=True).stdout
+def _rendered(sample: Path, ns: str, config: Path) -> list[dict[str, Any]]:
+    out = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(sample), "-n", ns,
+                          "--config", str(config)], capture_output=True, text=True, check=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -118,24 +128,29 @@ def _live(kube_api: client.ApiClient, ns: str, job: str) -> dict[str, dict[str, 
     core = client.CoreV1Api(kube_api)
     sel = f"finetune.dev/job-name={job}"
     out: dict[str, dict[str, Any]] = {}
-    for kind, lister in (("Pod", core.list_namespaced_pod), ("Service", core.list_namespaced_service),
-                         ("ConfigMap", core.list_namespaced_config_map), ("Secret", core.list_namespaced_secret)):
+    net = client.NetworkingV1Api(kube_api)
+    for version, kind, lister in (("v1", "Pod", core.list_namespaced_pod),
+                                  ("v1", "Service", core.list_namespaced_service),
+                                  ("v1", "ConfigMap", core.list_namespaced_config_map),
+                                  ("v1", "Secret", core.list_namespaced_secret),
+                                  ("networking.k8s.io/v1", "NetworkPolicy", net.list_namespaced_network_policy)):
         for o in lister(ns, label_selector=sel).items:
             # List items carry no apiVersion/kind of their own.
-            out[f"{kind}/{o.metadata.name}"] = {"apiVersion": "v1", "kind": kind,
+            out[f"{kind}/{o.metadata.name}"] = {"apiVersion": version, "kind": kind,
                                                 **kube_api.sanitize_for_serialization(o)}
     return out
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
 def test_children_are_exactly_what_render_predicts(sample: Path, operator: Path, kubectl: Any, kube_api: Any,
-                                                   namespace: str, wait_for: Any) -> None:
+                                                   namespace: str, wait_for: Any, operator_config: Path) -> None:
     spec = yaml.safe_load(sample.read_text())
     if spec["spec"].get("serviceAccountName"):  # the user's IRSA service account, as the EKS guide makes it
         kubectl("create", "serviceaccount", spec["spec"]["serviceAccountName"], "-n", namespace)
     kubectl("apply", "-n", namespace, "-f", str(sample))
     name = spec["metadata"]["name"]
-    want = {f"{o['kind']}/{o['metadata']['name']}": o for o in _rendered(sample, namespace)}
+    want = {f"{o['kind']}/{o['metadata']['name']}": o for o in _rendered(sample, namespace, operator_config)}
+    assert f"NetworkPolicy/{name}" in want
     live = wait_for(lambda: (lv := _live(kube_api, namespace, name)) and set(lv) == set(want) and lv,
                     timeout=60, message=f"children of {name}")
     uid = get_job(kube_api, namespace, name)["metadata"]["uid"]  # type: ignore[index]

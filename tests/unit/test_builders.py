@@ -244,3 +244,20 @@ def test_rendered_objects_validate_against_pinned_openapi(sample: Path) -> None:
     for obj in render(yaml.safe_load(sample.read_text())).all():
         used = kubernetes_validate.validate(obj, PINNED_K8S, strict=True)
         assert used == PINNED_K8S, f"{obj['kind']}/{obj['metadata']['name']} validated against {used}"
+
+
+def test_network_policy_isolates_each_job_when_enabled() -> None:
+    job = make_job("iso", "ns").nodes(2).classification().build()
+    assert not [o for o in render(job).objects if o["kind"] == "NetworkPolicy"]  # off unless configured
+    extra = {"from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}], "ports": [{"port": 9100}]}
+    c = render(job, network_policy_config={"enabled": True, "extraIngress": [extra]})
+    (np,) = [o for o in c.objects if o["kind"] == "NetworkPolicy"]
+    same_job = {"finetune.dev/job-name": "iso", "app.kubernetes.io/managed-by": "finetune-operator"}
+    assert np["spec"]["podSelector"] == {"matchLabels": same_job}
+    assert np["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": same_job}}]}, extra]
+    assert np["spec"]["policyTypes"] == ["Ingress"]  # egress open: DNS, datasets, S3
+    for p in c.pods:  # the policy selects every pod of the job, and only them
+        assert all(p["metadata"]["labels"][k] == v for k, v in same_job.items())
+    import kubernetes_validate
+
+    assert kubernetes_validate.validate(np, PINNED_K8S, strict=True) == PINNED_K8S

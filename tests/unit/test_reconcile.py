@@ -238,3 +238,11 @@ def test_externally_deleted_pod_is_recreated() -> None:
     del w.pods["j-rank-1"]
     p = w.step()
     assert [o["metadata"]["name"] for o in p.create] == ["j-rank-1"]
+
+
+def test_network_policy_created_with_the_other_objects_when_configured() -> None:
+    w = World(job2())
+    plan = reconcile(w.job, Observed([], frozenset(), T0, None, KEYS), {"networkPolicy": {"enabled": True}})
+    assert "NetworkPolicy" in {o["kind"] for o in plan.create}
+    plan = reconcile(w.job, Observed([], frozenset(), T0, None, KEYS), {})
+    assert "NetworkPolicy" not in {o["kind"] for o in plan.create}

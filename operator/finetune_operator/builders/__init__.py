@@ -12,7 +12,7 @@ from typing import Any
 
 from .layout import Layout, resolve
 from .names import Names
-from .objects import SshKeys, config_map, service, ssh_secret
+from .objects import SshKeys, config_map, network_policy, service, ssh_secret
 from .pods import mpi_pods, torchrun_pods
 
 __all__ = ["Children", "Layout", "Names", "SshKeys", "desired", "image_for", "resolve"]
@@ -40,12 +40,16 @@ def desired(
     images: Mapping[str, str] | None = None,
     ssh_keys: SshKeys | None = None,
     attempt: int = 0,
+    network_policy_config: Mapping[str, Any] | None = None,
 ) -> Children:
-    """Every child of `job` (validated, defaults applied). MPI jobs need `ssh_keys`."""
+    """Every child of `job` (validated, defaults applied). MPI jobs need `ssh_keys`. With the operator's
+    `networkPolicy: {enabled: true, extraIngress: [...]}`, a NetworkPolicy isolates the job's pods."""
     layout = resolve(job)
     names = Names.of(job, layout.launcher)
     image = image_for(job, layout, images)
     objects = [service(job, layout, names), config_map(job, layout, names)]
+    if network_policy_config and network_policy_config.get("enabled"):
+        objects.append(network_policy(job, names, list(network_policy_config.get("extraIngress") or [])))
     if layout.launcher == "mpi":
         if ssh_keys is None:
             raise ValueError("MPI jobs need ssh_keys")

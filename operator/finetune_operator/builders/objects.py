@@ -144,3 +144,21 @@ def ssh_secret(job: dict[str, Any], names: Names, keys: SshKeys) -> dict[str, An
             "ssh_host_ed25519_key.pub": b64(keys.host_public_key),
         },
     }
+
+
+def network_policy(job: dict[str, Any], names: Names, extra_ingress: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ingress to the job's pods only from pods of the same job (rendezvous, collectives, MPI's SSH and data
+    ports), plus the operator's configured extras (e.g. a metrics agent). Egress stays open: ranks resolve
+    DNS, read datasets and models and upload results. One policy per job, because policies are additive: a
+    namespace-wide "same operator" rule would let jobs reach each other."""
+    same_job = {"podSelector": {"matchLabels": {c.LABEL_JOB_NAME: names.job, c.LABEL_MANAGED_BY: c.MANAGED_BY}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(job, names, names.job),
+        "spec": {
+            "podSelector": {"matchLabels": {c.LABEL_JOB_NAME: names.job, c.LABEL_MANAGED_BY: c.MANAGED_BY}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [same_job]}, *extra_ingress],
+        },
+    }
