@@ -96,7 +96,7 @@ def test_values_file_renders_the_chart_in_namespaced_mode(files: dict[str, str],
     assert config["images"]["trn1"] == f"{ecr}/finetune-operator/neuron:0.1.0"
     claim = one(objs, "PersistentVolumeClaim", "finetune-cache", "ml")
     assert claim["spec"]["storageClassName"] == "efs-sc"
-    assert one(objs, "NetworkPolicy")["metadata"]["namespace"] == "ml"
+    assert yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])["networkPolicy"]["enabled"] is True
 
 
 @pytest.mark.parametrize("name", ["efs-sc.yaml", "claims.yaml"])

@@ -171,7 +171,8 @@ def test_install_creates_the_chart_objects(kubectl: Kubectl, installed: dict[str
         claim_ns = release_ns
         assert "Mode: cluster" in installed["notes"]
     assert kubectl.get("pvc", "finetune-cache", "-n", claim_ns)["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert kubectl.get("networkpolicy", f"{FULLNAME}-ranks", "-n", claim_ns)
+    config = yaml.safe_load(kubectl.get("configmap", f"{FULLNAME}-config", "-n", release_ns)["data"]["config.yaml"])
+    assert config["networkPolicy"]["enabled"] is True  # the operator makes one policy per job
 
 
 def test_chart_crd_admits_every_sample(kubectl: Kubectl, installed: dict[str, str]) -> None:
@@ -192,6 +193,8 @@ OPERATOR_CAN = [
     ],
     ("get", "pods/log"),
     *[(v, r) for r in ("events", "events.events.k8s.io") for v in ("create", "patch")],
+    # Installed with networkPolicy.enabled: one NetworkPolicy per job.
+    *[(v, "networkpolicies.networking.k8s.io") for v in ("get", "list", "watch", "create", "delete")],
 ]
 # What it must not be able to do there: least privilege, not just enough privilege.
 OPERATOR_CANNOT = [("create", "finetunejobs.finetune.dev"), ("update", "finetunejobs.finetune.dev"),
@@ -317,9 +320,11 @@ def test_operator_serves_health_and_metrics(operator: dict[str, Any], installed:
 @pytest.mark.parametrize(
     ("sample", "children"),
     [
-        ("cpu-bert-ja.yaml", ["Service/{job}", "ConfigMap/{job}-config", "Pod/{job}-rank-0", "Pod/{job}-rank-1"]),
+        ("cpu-bert-ja.yaml", ["Service/{job}", "ConfigMap/{job}-config", "NetworkPolicy/{job}",
+                              "Pod/{job}-rank-0", "Pod/{job}-rank-1"]),
         ("cpu-distilbert-squad-mpi.yaml", ["Service/{job}", "ConfigMap/{job}-config", "Secret/{job}-ssh",
-                                           "Pod/{job}-launcher", "Pod/{job}-worker-0", "Pod/{job}-worker-1"]),
+                                           "NetworkPolicy/{job}", "Pod/{job}-launcher", "Pod/{job}-worker-0",
+                                           "Pod/{job}-worker-1"]),
     ],
 )  # fmt: skip
 def test_operator_reconciles_a_sample_with_the_chart_rbac(
@@ -350,7 +355,7 @@ def test_operator_reconciles_a_sample_with_the_chart_rbac(
         owners = obj["metadata"].get("ownerReferences", [])
         assert any(o["uid"] == uid and o.get("controller") for o in owners), obj["metadata"]["name"]
         labels = obj["metadata"]["labels"]
-        assert labels["app.kubernetes.io/managed-by"] == "finetune-operator"  # what the NetworkPolicy selects
+        assert labels["app.kubernetes.io/managed-by"] == "finetune-operator"  # what the NetworkPolicies select
         assert labels["finetune.dev/job-name"] == name
     pods = [o for o in objs if o["kind"] == "Pod"]
     # The operator took the default image from the chart's ConfigMap, not from its built-in profile.

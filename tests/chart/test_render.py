@@ -264,30 +264,29 @@ def test_service_monitor_without_service_is_refused(render: Renderer) -> None:
     assert "metrics.service.enabled" in result.stderr
 
 
-def test_network_policy_admits_only_rank_pods_of_the_namespace(render: Renderer) -> None:
-    objs = render(Values().network_policy().namespaced("team-a", "team-b"))
-    policies = find(objs, "NetworkPolicy")
-    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
-    rank = {"app.kubernetes.io/managed-by": "finetune-operator"}
-    for policy in policies:
-        spec = policy["spec"]
-        assert spec["podSelector"] == {"matchLabels": rank}
-        assert spec["policyTypes"] == ["Ingress"]
-        # A bare podSelector peer (no namespaceSelector) is limited to the policy's own namespace.
-        assert spec["ingress"] == [{"from": [{"podSelector": {"matchLabels": rank}}]}]
-    # The operator's own pod is not a rank pod, so the policy never cuts its probes or metrics.
-    pod_labels = operator_deployment(objs)["spec"]["template"]["metadata"]["labels"]
-    assert pod_labels.get("app.kubernetes.io/managed-by") != "finetune-operator"
-
-
-def test_network_policy_extra_ingress_is_appended(render: Renderer) -> None:
+def test_network_policy_is_made_per_job_by_the_operator(render: Renderer) -> None:
+    """Policies are additive, so a chart-wide "same operator" rule would let jobs reach each other: the chart
+    only switches the operator's per-job policies on and grants it the verbs for them."""
     extra = {
         "from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
         "ports": [{"port": 9100}],
     }
-    policy = one(render(Values().network_policy(extraIngress=[extra])), "NetworkPolicy")
-    assert policy["metadata"]["namespace"] == NAMESPACE
-    assert policy["spec"]["ingress"][1] == extra
+    objs = render(Values().network_policy(extraIngress=[extra]).namespaced("team-a", "team-b"))
+    assert find(objs, "NetworkPolicy") == []
+    config = yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])
+    assert config["networkPolicy"] == {"enabled": True, "extraIngress": [extra]}
+    for role in find(objs, "Role"):
+        rule = [r for r in role["rules"] if r["apiGroups"] == ["networking.k8s.io"]]
+        assert rule == [{"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+                         "verbs": ["get", "list", "watch", "create", "delete"]}]  # fmt: skip
+
+
+def test_network_policy_off_grants_nothing_for_it(render: Renderer) -> None:
+    objs = render(Values())
+    config = yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])
+    assert "networkPolicy" not in config
+    for role in find(objs, "ClusterRole"):
+        assert all(r["apiGroups"] != ["networking.k8s.io"] for r in role["rules"])
 
 
 def test_non_default_operator_settings(render: Renderer) -> None:

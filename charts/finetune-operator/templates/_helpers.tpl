@@ -137,4 +137,12 @@ through one Role per watched namespace. Every verb is used by the operator; noth
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- if .Values.networkPolicy.enabled }}
+# networkPolicy.enabled: one NetworkPolicy per job ({job}: ingress only from that job's pods), created,
+# listed by the job's labels and read back after a 409 like the other children; the garbage collector
+# deletes it with the job.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+{{- end }}
 {{- end }}
