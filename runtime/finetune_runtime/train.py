@@ -413,6 +413,24 @@ def upload(local_root: Path, url: str) -> None:
 # --- main -------------------------------------------------------------------------------------------------
 
 def run_worker() -> int:
+    """One training process. On success every rank meets at a barrier and the process group is torn down
+    before the interpreter exits: left to interpreter shutdown, gloo's threads can abort the process
+    ("terminate called without an active exception") and turn a finished run into a failed rank."""
+    rc = _run_worker()
+    if rc == 0:
+        _shutdown_process_group()
+    return rc
+
+
+def _shutdown_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _run_worker() -> int:
     info = apply_distributed_env()
     setup_logging(info)
     env = dict(os.environ)
