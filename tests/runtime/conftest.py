@@ -130,7 +130,7 @@ def poll(cond: Callable[[], Any], deadline_s: float, what: str, interval: float 
         v = cond()
         if v:
             return v
-        time.sleep(interval)
+        time.sleep(interval)  # poll again until the deadline
     raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
 
 
