@@ -49,12 +49,17 @@ def docker() -> Docker:
     return d
 
 
+def built_image(docker: Docker, env_var: str, default: str, make_target: str) -> str:
+    """The image under test (`env_var` overrides `default`); fails with the make target that builds it."""
+    name = os.environ.get(env_var, default)
+    found = docker.run(["image", "inspect", "--format", "{{.Id}}", name], check=False)
+    assert found.returncode == 0, f"image {name} is not built; run `make {make_target}` first"
+    return name
+
+
 @pytest.fixture(scope="session")
 def image(docker: Docker) -> str:
-    name = os.environ.get("FTJOB_TEST_IMAGE", DEFAULT_IMAGE)
-    found = docker.run(["image", "inspect", "--format", "{{.Id}}", name], check=False)
-    assert found.returncode == 0, f"image {name} is not built; run `make image-cpu` first"
-    return name
+    return built_image(docker, "FTJOB_TEST_IMAGE", DEFAULT_IMAGE, "image-cpu")
 
 
 def requirement_pins(path: Path) -> dict[str, str]:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import DEFAULT_IMAGE, FTJOB_UID, REPO, Docker
+from .conftest import DEFAULT_IMAGE, FTJOB_UID, REPO, Docker, built_image
 
 sys.path.insert(0, str(REPO / "tools" / "cluster"))
 sys.path.insert(0, str(REPO / "tests" / "controlplane"))
@@ -45,10 +45,7 @@ SITE_PACKAGES = "/opt/venv/lib/python3.11/site-packages"
 
 @pytest.fixture(scope="module")
 def operator_image(docker: Docker) -> str:
-    name = os.environ.get("FTJOB_TEST_OPERATOR_IMAGE", DEFAULT_OPERATOR_IMAGE)
-    found = docker.run(["image", "inspect", "--format", "{{.Id}}", name], check=False)
-    assert found.returncode == 0, f"image {name} is not built; run `make image-operator` first"
-    return name
+    return built_image(docker, "FTJOB_TEST_OPERATOR_IMAGE", DEFAULT_OPERATOR_IMAGE, "image-operator")
 
 
 def _run(docker: Docker, image: str, *args: str, entrypoint: str | None = None, timeout: float = 120) -> str:

@@ -48,12 +48,17 @@ def test_local_mpi_hostfile_matches_implementation(tmp_path: Path) -> None:
     assert desired(job, ssh_keys=generate_keys("x")).layout.launcher == "mpi"
 
 
+def _run_example(job: str, workdir: Path, output: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """`ftjob run` of examples/jobs/JOB from the repository root; the run's metrics.json."""
+    r = subprocess.run([FTJOB, "run", "-f", str(ROOT / "examples" / "jobs" / job), "--workdir", str(workdir)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r, json.loads((workdir / "output" / output / "metrics.json").read_text())
+
+
 @pytest.mark.slow
 def test_demo_job_trains_two_ranks_with_torchrun(tmp_path: Path) -> None:
-    r = subprocess.run([FTJOB, "run", "-f", str(ROOT / "examples/jobs/demo-ja-sentiment.yaml"), "--workdir",
-                        str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    metrics = json.loads((tmp_path / "output/demo-ja/metrics.json").read_text())
+    r, metrics = _run_example("demo-ja-sentiment.yaml", tmp_path, "demo-ja")
     assert metrics["worldSize"] == 2
     assert metrics["eval"]["accuracy"] >= 0.7  # balanced eval set: chance is 0.5
     assert "predictions:" in r.stdout and "positive" in r.stdout
@@ -68,10 +73,7 @@ def test_demo_job_trains_two_ranks_with_torchrun(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_squad_job_trains_two_ranks_with_mpich(tmp_path: Path) -> None:
-    r = subprocess.run([FTJOB, "run", "-f", str(ROOT / "examples/jobs/squad-mini-mpi.yaml"), "--workdir",
-                        str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    metrics = json.loads((tmp_path / "output/squad-mini/metrics.json").read_text())
+    _, metrics = _run_example("squad-mini-mpi.yaml", tmp_path, "squad-mini")
     assert metrics["worldSize"] == 2 and metrics["globalStep"] == 12
     assert {"exact_match", "f1"} <= set(metrics["eval"])
 
