@@ -55,6 +55,7 @@ def load_config(path: str | None) -> dict[str, Any]:
 
 def _render(args: argparse.Namespace) -> int:
     from .builders import desired
+    from .builders.layout import launcher_of
     from .sshkeys import generate_keys
 
     config = load_config(args.config)
@@ -73,19 +74,13 @@ def _render(args: argparse.Namespace) -> int:
             for err in e.errors:
                 print(f"  {err}", file=sys.stderr)
             continue
-        keys = generate_keys(name) if (job["spec"].get("launcher") or _default_launcher(job)) == "mpi" else None
+        keys = generate_keys(name) if launcher_of(job["spec"]) == "mpi" else None
         out += desired(
             job, images=config.get("images"), ssh_keys=keys, network_policy_config=config.get("networkPolicy")
         ).all()
     if out:
         sys.stdout.write(dump_yaml_stream(out))
     return 1 if failed else 0
-
-
-def _default_launcher(job: dict[str, Any]) -> str:
-    from . import profiles
-
-    return profiles.get(job["spec"]["hardware"]["profile"]).default_launcher
 
 
 def _crd(_: argparse.Namespace) -> int:

@@ -15,10 +15,11 @@ from typing import Any
 import kopf
 
 from . import constants as c
-from . import profiles, progress
+from . import progress
 from .admission import validate
 from .api.validation import InvalidSpec
-from .k8s import ForeignObject, Kube
+from .builders.layout import launcher_of
+from .k8s import Kube
 from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, start_metrics_server
 from .reconcile import Observed, Plan, iso, reconcile, set_condition
 from .sshkeys import generate_keys
@@ -61,15 +62,11 @@ def _job_event(name: str, namespace: str | None, **_: Any) -> None:
     _wake(namespace, name)
 
 
-def _launcher(job: dict[str, Any]) -> str:
-    return str(job["spec"].get("launcher") or profiles.get(job["spec"]["hardware"]["profile"]).default_launcher)
-
-
 def _rank0_log_source(job: dict[str, Any]) -> tuple[str, str]:
     """(pod, container) whose stdout carries global rank 0's progress lines."""
     name = job["metadata"]["name"]
     phase = (job.get("status") or {}).get("phase")
-    if _launcher(job) == "mpi":
+    if launcher_of(job["spec"]) == "mpi":
         return f"{name}-launcher", c.INIT_PRECOMPILE if phase == "Precompiling" else c.CONTAINER_LAUNCHER
     return f"{name}-rank-0", c.INIT_PRECOMPILE if phase == "Precompiling" else c.CONTAINER_TRAINER
 
@@ -106,7 +103,7 @@ def reconcile_once(kube: Kube, namespace: str, name: str) -> float:
         if text:
             prog = progress.from_text(text, old_status.get("progress"))
     # Cheap (one ed25519 pair); only used when the job's immutable Secret does not exist yet.
-    keys = generate_keys(name) if _launcher(job) == "mpi" else None
+    keys = generate_keys(name) if launcher_of(job["spec"]) == "mpi" else None
     plan = reconcile(job, Observed(pods, objects, now, prog, keys), _config)
     apply(kube, job, old_status, plan)
     RECONCILES.inc()
@@ -129,7 +126,6 @@ def apply(kube: Kube, job: dict[str, Any], old_status: dict[str, Any], plan: Pla
     for pod in plan.delete_pods:
         kube.delete_pod(ns, pod)
     for obj in plan.create:
-        obj["metadata"]["ownerReferences"][0]["uid"] = job["metadata"]["uid"]
         kube.create(obj)
     kube.patch_status(ns, name, old_status, plan.status)
     for etype, reason, message in plan.events:
@@ -217,4 +213,4 @@ def run_operator(
     return 0
 
 
-__all__ = ["ForeignObject", "job_daemon", "reconcile_once", "run_operator"]
+__all__ = ["job_daemon", "reconcile_once", "run_operator"]

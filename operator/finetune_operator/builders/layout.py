@@ -66,13 +66,18 @@ def _sized_resources(p: Profile, inst: InstanceType, procs: int, guaranteed: boo
     return {"cpu": str(cpus), "memory": f"{mem_gib}Gi"}
 
 
+def launcher_of(spec: dict[str, Any]) -> str:
+    """spec.launcher, else the profile's default (torchrun; mpi on xeon-amx)."""
+    return str(spec.get("launcher") or profiles.get(spec["hardware"]["profile"]).default_launcher)
+
+
 def resolve(job: dict[str, Any]) -> Layout:
     """The job's shape. `job` must have passed admission.validate (defaults applied)."""
     spec = job["spec"]
     hw = spec["hardware"]
     p = profiles.get(hw["profile"])
     inst = p.instance(hw.get("instanceType"))
-    launcher = spec.get("launcher") or p.default_launcher
+    launcher = launcher_of(spec)
     nodes = int(hw.get("nodes", 1))
     procs = _procs(hw, spec, p, inst)
 
