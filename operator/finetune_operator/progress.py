@@ -10,6 +10,7 @@ from typing import Any
 
 from .constants import PROGRESS_PREFIX
 
+_DECODER = json.JSONDecoder()
 _KEEP = ("event", "step", "totalSteps", "epoch", "loss", "samplesPerSecond", "etaSeconds", "learningRate", "time")
 
 
@@ -19,7 +20,8 @@ def parse_line(line: str) -> dict[str, Any] | None:
     if idx < 0:
         return None
     try:
-        data = json.loads(line[idx + len(PROGRESS_PREFIX) :].strip())
+        # raw_decode: text after the object (another rank's output joined onto the line) is ignored.
+        data, _ = _DECODER.raw_decode(line[idx + len(PROGRESS_PREFIX) :].lstrip())
     except json.JSONDecodeError:
         return None
     return data if isinstance(data, dict) else None

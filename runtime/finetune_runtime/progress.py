@@ -79,5 +79,9 @@ class ProgressEmitter:
     def emit(self, event: str, **fields: Any) -> None:
         if not self.enabled:
             return
-        line = format_line(event, **fields)
-        print(line, file=self.stream or sys.stdout, flush=True)
+        stream = self.stream or sys.stdout
+        # One write per line: under mpirun every rank's output shares the launcher's stdout, and with
+        # PYTHONUNBUFFERED print() writes the text and its newline separately, so another rank's bytes
+        # could land inside the line.
+        stream.write(format_line(event, **fields) + "\n")
+        stream.flush()

@@ -19,8 +19,12 @@ def test_own_command_runs_on_every_rank(tmp_path: Path, impl: str, line: str) ->
     hostfile.write_text(line)
     env = {**os.environ, "HOME": str(tmp_path), "FTJOB_MPI_IMPLEMENTATION": impl, "FTJOB_HOSTFILE": str(hostfile),
            "FTJOB_WORLD_SIZE": "2", "FTJOB_MPI_SLOTS_PER_NODE": "2", "FTJOB_SSH_SECRET_DIR": str(tmp_path / "none")}
-    prog = "import os; print('rank', os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK')))"
+    # One write per line: MPI launchers forward each rank's writes as they come, so a print() of several
+    # parts (two writes each under PYTHONUNBUFFERED=1) interleaves with the other rank's ("rankrank 0").
+    prog = ("import os; r = os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK')); "
+            "os.write(1, f'rank {r}\\n'.encode())")
     r = subprocess.run([RUNTIME, "mpirun", "--", sys.executable, "-c", prog], env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(x for x in r.stdout.splitlines() if x.startswith("rank ")) == ["rank 0", "rank 1"]
+    ranks = sorted(x for x in r.stdout.splitlines() if x.startswith("rank "))
+    assert ranks == ["rank 0", "rank 1"], r.stdout + r.stderr

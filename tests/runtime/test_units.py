@@ -3,6 +3,7 @@ progress lines, cache keys, backend selection, config parsing."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -533,3 +534,16 @@ def test_mpirun_runs_a_jobs_own_command_instead_of_the_worker() -> None:
     cmd = launcher.mpirun_command(env, python="/py", which=_which({"mpirun.mpich"}),
                                   program=["python", "train.py", "--lr", "1"])
     assert cmd[-4:] == ["python", "train.py", "--lr", "1"] and "finetune_runtime" not in cmd
+
+
+def test_emitter_writes_each_line_in_one_write() -> None:
+    # Under mpirun all ranks share the launcher's stdout: a line split over two writes can be torn apart.
+    writes: list[str] = []
+
+    class Recorder(io.StringIO):
+        def write(self, s: str) -> int:
+            writes.append(s)
+            return super().write(s)
+
+    progress.ProgressEmitter(True, stream=Recorder()).emit("train", step=3)
+    assert writes == ['FTJOB_PROGRESS {"event":"train","step":3}\n']

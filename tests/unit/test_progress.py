@@ -30,3 +30,9 @@ def test_done_summary() -> None:
 def test_prefixed_lines_from_torchrun_are_parsed() -> None:
     rec = progress.parse_line('[default0]:FTJOB_PROGRESS {"event":"train","step":1}')
     assert rec == {"event": "train", "step": 1}
+
+
+def test_text_joined_after_the_object_is_ignored() -> None:
+    # Another MPI rank's output can land on the same launcher line after the newline-less write.
+    rec = progress.parse_line('FTJOB_PROGRESS {"event":"train","step":7}[1] warning: something')
+    assert rec == {"event": "train", "step": 7}
