@@ -404,3 +404,36 @@ def test_kustomize_manifests_apply_to_a_real_apiserver(kubectl: Kubectl) -> None
         kubectl("delete", "namespace", "finetune-operator", "--wait=false", check=False)
         kubectl("delete", "clusterrolebinding,clusterrole", "finetune-operator", "finetune-operator-cluster",
                 check=False)  # fmt: skip
+
+
+def test_namespaced_overlay_confines_the_operator_to_its_namespace(kubectl: Kubectl) -> None:
+    """`kubectl apply -k manifests/overlays/namespaced/`: the operator's ServiceAccount may run jobs in ml-team
+    and nowhere else, and the Deployment tells kopf to watch only ml-team."""
+    # The previous test's namespace of the same name may still be terminating.
+    wait_for(lambda: kubectl.get("namespace", "finetune-operator") is None, timeout=120,
+             message="namespace finetune-operator gone before re-creating it")  # fmt: skip
+    kubectl("apply", "--server-side", "--force-conflicts", "-k", str(REPO / "manifests" / "overlays" / "namespaced"))
+    try:
+        sa = "system:serviceaccount:finetune-operator:finetune-operator"
+
+        def can(verb: str, resource: str, *scope: str) -> bool:
+            return kubectl("auth", "can-i", verb, resource, f"--as={sa}", *scope, check=False).strip() == "yes"
+
+        # The base is the chart's default render: networkPolicy.enabled is off, so no NetworkPolicy verbs.
+        for verb, resource in (p for p in OPERATOR_CAN if not p[1].startswith("networkpolicies")):
+            name, _, sub = resource.partition("/")
+            out = kubectl("auth", "can-i", verb, name, *([f"--subresource={sub}"] if sub else []), f"--as={sa}",
+                          "-n", "ml-team", check=False)  # fmt: skip
+            assert out.strip() == "yes", f"cannot {verb} {resource} in ml-team"
+        for ns in ("default", "kube-system", "finetune-operator"):
+            assert not can("create", "pods", "-n", ns), f"can create pods in {ns}"
+            assert not can("get", "secrets", "-n", ns), f"can read secrets in {ns}"
+        assert can("watch", "namespaces") and not can("create", "namespaces")
+        assert not can("create", "networkpolicies.networking.k8s.io", "-n", "ml-team")
+        assert not kubectl.get("clusterrolebinding", "finetune-operator"), "per-namespace rules bound cluster-wide"
+        deployment = kubectl.get("deployment", "finetune-operator", "-n", "finetune-operator")
+        assert "--namespace=ml-team" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    finally:
+        kubectl("delete", "namespace", "finetune-operator", "ml-team", "--wait=false", check=False)
+        kubectl("delete", "clusterrolebinding,clusterrole", "finetune-operator", "finetune-operator-cluster",
+                check=False)  # fmt: skip

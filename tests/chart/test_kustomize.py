@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from chartlib import MANIFESTS, NAMESPACE, Manifest, Renderer, identities, load_all
+from chartlib import MANIFESTS, NAMESPACE, RELEASE, Manifest, Renderer, Values, identities, load_all
 
 # Labels only Helm sets: the chart version label and managed-by=Helm (kubectl users have neither).
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
@@ -34,8 +34,8 @@ def by_identity(objs: list[Manifest]) -> dict[tuple[str, str, str], Manifest]:
     return {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): normalized(o) for o in objs}
 
 
-def kustomize(kubectl: str) -> list[Manifest]:
-    out = subprocess.run([kubectl, "kustomize", str(MANIFESTS)], capture_output=True, text=True, timeout=120)
+def kustomize(kubectl: str, path: Path = MANIFESTS) -> list[Manifest]:
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return load_all(out.stdout)
 
@@ -66,3 +66,24 @@ def test_kustomize_overlay_can_move_the_namespace(kubectl: str, tmp_path: Path) 
     for binding in (o for o in objs if o["kind"] == "ClusterRoleBinding"):
         assert binding["subjects"][0]["namespace"] == "ml-ops"
     assert ("Namespace", "", "ml-ops") in identities(objs)
+
+
+def test_namespaced_overlay_grants_what_the_chart_grants_in_namespaced_mode(render: Renderer, kubectl: str) -> None:
+    """manifests/overlays/namespaced equals the chart with watchNamespaces={ml-team}, except that the
+    per-namespace rules reach ml-team through a RoleBinding to the base's ClusterRole rather than a Role copy."""
+    chart = by_identity(render.run(Values().namespaced("ml-team"), extra=["--include-crds"]).objects)
+    kust = by_identity(kustomize(kubectl, MANIFESTS / "overlays" / "namespaced"))
+    assert kust.pop(("Namespace", "", NAMESPACE))
+    assert kust.pop(("Namespace", "", "ml-team"))
+    role = chart.pop(("Role", "ml-team", RELEASE))
+    rules_holder = kust.pop(("ClusterRole", "", RELEASE))
+    assert rules_holder["rules"] == role["rules"]
+    chart_binding = chart.pop(("RoleBinding", "ml-team", RELEASE))
+    binding = kust.pop(("RoleBinding", "ml-team", RELEASE))
+    assert binding["roleRef"] == {**chart_binding["roleRef"], "kind": "ClusterRole"}
+    assert binding["subjects"] == chart_binding["subjects"]
+    # Nothing grants the per-namespace rules cluster-wide.
+    assert ("ClusterRoleBinding", "", RELEASE) not in kust
+    assert sorted(kust) == sorted(chart)
+    for ident, obj in chart.items():
+        assert kust[ident] == obj, f"{ident} differs between the chart in namespaced mode and the overlay"

@@ -68,8 +68,9 @@ def test_chart_crds_are_valid_openapi(k8s_version: str) -> None:
     assert validate_all(crds, k8s_version)
 
 
-def test_kustomize_output_is_valid_openapi(kubectl: str, k8s_version: str) -> None:
-    out = subprocess.run([kubectl, "kustomize", str(MANIFESTS)], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("root", ["", "overlays/namespaced"])
+def test_kustomize_output_is_valid_openapi(kubectl: str, k8s_version: str, root: str) -> None:
+    out = subprocess.run([kubectl, "kustomize", str(MANIFESTS / root)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     objs = load_all(out.stdout)
     assert len(validate_all(objs, k8s_version)) == len(objs)
