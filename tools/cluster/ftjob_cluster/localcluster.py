@@ -295,6 +295,9 @@ class KubeApiserver(Component):
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             # Node authorizer now so a later kubelet tier works unchanged; RBAC for everything else.
             "--authorization-mode=Node,RBAC",
+            f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={ctx.ca.pair.cert}",
             "--allow-privileged=true",
             f"--cert-dir={p}",
             "--profiling=false",
@@ -423,6 +426,12 @@ class LocalCluster:
             server=True,
         )
         ca.issue("admin", ADMIN_USER, organizations=(ADMIN_GROUP,), client=True)
+        # The API server's side of its connections to kubelets (pod logs, exec): it presents this client cert
+        # and trusts kubelets whose serving cert our CA signed. `kubelet-serving` is that cert for a kubelet on
+        # loopback (a node tier's kubelet, or a test that serves a node's container logs).
+        ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", organizations=(ADMIN_GROUP,),
+                 client=True)  # fmt: skip
+        ca.issue("kubelet-serving", "kubelet", dns_names=("localhost",), ips=("127.0.0.1",), server=True)
         return Context(d, ca, serving, pki.service_account_keys(d / "pki"))
 
     def start(self, *, detach: bool = False) -> LocalCluster:

@@ -19,6 +19,9 @@ class Cluster:
     # True for the LocalCluster this session started: its version is the pin and its logs are local files.
     local: bool
     logs: dict[str, Path] = field(default_factory=dict)
+    # The LocalCluster's pki/ (ca.crt, kubelet-serving.crt/.key the API server trusts for a kubelet on
+    # 127.0.0.1); None for an external cluster.
+    pki: Path | None = None
 
 
 class KubectlError(subprocess.CalledProcessError):
