@@ -26,13 +26,20 @@ from .sshkeys import generate_keys
 
 log = logging.getLogger("finetune_operator")
 
-IDLE_REQUEUE_S = 30.0  # a running job is looked at least this often (progress refresh <= 30 s)
+# A full pass (GET the job, LIST its children) runs when a watch event on the job or one of its pods wakes
+# the daemon, and at least this often as a safety net for what no watch reports (a child Service deleted).
+IDLE_REQUEUE_S = 30.0
+# While training, rank 0's log is read this often; between full passes that is the only request, plus a
+# status patch when the progress changed (benchmarks/README.md: requests per job per minute).
 PROGRESS_EVERY_S = 10.0
 ERROR_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 _config: dict[str, Any] = {}
 _wakers: dict[tuple[str, str], asyncio.Event] = {}
 _progress_read_at: dict[tuple[str, str], float] = {}
+# Jobs whose progress is being followed: the job and the status this daemon last wrote (it is the only writer
+# of the status, so this is what the API holds).
+_training: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
 
 
 def _wake(namespace: str | None, name: str | None) -> None:
@@ -98,8 +105,8 @@ def reconcile_once(kube: Kube, namespace: str, name: str) -> float:
     phase = old_status.get("phase")
     key = (namespace, name)
     if phase in ("Running", "Precompiling") and time.monotonic() - _progress_read_at.get(key, 0) >= PROGRESS_EVERY_S:
-        text = kube.log_tail(namespace, *_rank0_log_source(job))
         _progress_read_at[key] = time.monotonic()
+        text = kube.log_tail(namespace, *_rank0_log_source(job))
         if text:
             prog = progress.from_text(text, old_status.get("progress"))
     # Cheap (one ed25519 pair); only used when the job's immutable Secret does not exist yet.
@@ -108,13 +115,33 @@ def reconcile_once(kube: Kube, namespace: str, name: str) -> float:
     apply(kube, job, old_status, plan)
     RECONCILES.inc()
     if plan.delete_job:
+        _training.pop(key, None)
         return IDLE_REQUEUE_S
-    wait = IDLE_REQUEUE_S
     if plan.status.get("phase") in ("Running", "Precompiling"):
-        wait = PROGRESS_EVERY_S
+        _training[key] = (job, plan.status)
+    else:
+        _training.pop(key, None)
+    wait = IDLE_REQUEUE_S
     if plan.requeue_after is not None:
         wait = min(wait, max(0.5, plan.requeue_after))
     return wait
+
+
+def refresh_progress(kube: Kube, namespace: str, name: str) -> None:
+    """Between full passes: read rank 0's log tail and patch status.progress alone when it changed."""
+    key = (namespace, name)
+    followed = _training.get(key)
+    if followed is None or time.monotonic() - _progress_read_at.get(key, 0) < PROGRESS_EVERY_S:
+        return
+    job, status = followed
+    _progress_read_at[key] = time.monotonic()  # before the read: a failing read must not be retried at once
+    text = kube.log_tail(namespace, *_rank0_log_source({**job, "status": status}))
+    prog = progress.from_text(text, status.get("progress")) if text else None
+    if prog is None or prog == status.get("progress"):
+        return
+    new = {**status, "progress": prog}
+    kube.patch_status(namespace, name, status, new)  # sends only the changed key: progress
+    _training[key] = (job, new)
 
 
 def apply(kube: Kube, job: dict[str, Any], old_status: dict[str, Any], plan: Plan) -> None:
@@ -158,28 +185,40 @@ async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopp
     kube = Kube()
     loop = asyncio.get_running_loop()
     failures = 0
+    next_pass = 0.0  # monotonic time of the next full pass; a wake event brings it forward
     try:
         while not stopped:
-            wake.clear()
-            try:
-                wait = await loop.run_in_executor(None, reconcile_once, kube, namespace, name)
-                if failures:
-                    await loop.run_in_executor(None, _clear_error, kube, namespace, name)
-                failures = 0
-            except Exception as e:
-                log.exception("reconcile of %s/%s failed", namespace, name)
-                delay = ERROR_BACKOFF_S[min(failures, len(ERROR_BACKOFF_S) - 1)]
-                failures += 1
-                wait = delay
+            if wake.is_set() or time.monotonic() >= next_pass:
+                wake.clear()  # before the pass: an event during it triggers another
                 try:
-                    await loop.run_in_executor(None, _record_error, kube, namespace, name, e)
+                    wait = await loop.run_in_executor(None, reconcile_once, kube, namespace, name)
+                    if failures:
+                        await loop.run_in_executor(None, _clear_error, kube, namespace, name)
+                    failures = 0
+                except Exception as e:
+                    log.exception("reconcile of %s/%s failed", namespace, name)
+                    wait = ERROR_BACKOFF_S[min(failures, len(ERROR_BACKOFF_S) - 1)]
+                    failures += 1
+                    try:
+                        await loop.run_in_executor(None, _record_error, kube, namespace, name, e)
+                    except Exception:
+                        log.exception("could not record the error in %s/%s status", namespace, name)
+                next_pass = time.monotonic() + wait
+            elif key in _training:
+                try:
+                    await loop.run_in_executor(None, refresh_progress, kube, namespace, name)
                 except Exception:
-                    log.exception("could not record the error in %s/%s status", namespace, name)
+                    # Progress is best effort; the next full pass reports API errors in the job's status.
+                    log.exception("progress refresh of %s/%s failed", namespace, name)
+            sleep = next_pass - time.monotonic()
+            if key in _training:
+                sleep = min(sleep, PROGRESS_EVERY_S - (time.monotonic() - _progress_read_at.get(key, 0)))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=wait)
+                await asyncio.wait_for(wake.wait(), timeout=max(0.0, sleep))
     finally:
         _wakers.pop(key, None)
         _progress_read_at.pop(key, None)
+        _training.pop(key, None)
 
 
 def _clear_error(kube: Kube, namespace: str, name: str) -> None:
@@ -213,4 +252,4 @@ def run_operator(
     return 0
 
 
-__all__ = ["job_daemon", "reconcile_once", "run_operator"]
+__all__ = ["job_daemon", "reconcile_once", "refresh_progress", "run_operator"]

@@ -7,11 +7,14 @@ node selector that no node matches, so on a real cluster (`make e2e-kind`) no ku
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -162,3 +165,70 @@ def is_subset(want: Any, have: Any, path: str = "") -> str | None:
     if want != have and str(want) != str(have):
         return f"{path}: expected {want!r}, got {have!r}"
     return None
+
+
+class NodeLogs:
+    """A node whose kubelet endpoint serves container logs: the one kubelet API the operator depends on (the
+    API server proxies `pods/log` to `https://<node InternalIP>:<kubeletEndpoint>/containerLogs/...`).
+
+    Stands in for a kubelet until the node tier runs a real one; the API server side is real: it finds the
+    node, dials it with its kubelet client certificate and checks the serving certificate against the
+    cluster CA (LocalCluster's --kubelet-certificate-authority), exactly as with a kubelet."""
+
+    def __init__(self, api: client.ApiClient, pki: Path, node: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.node = node
+        self.logs: dict[tuple[str, str, str], str] = {}  # (namespace, pod, container) -> log text
+        self.requests: list[str] = []
+        logs, requests = self.logs, self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                requests.append(self.path)
+                url = urllib.parse.urlsplit(self.path)
+                parts = url.path.strip("/").split("/")
+                text = logs.get(tuple(parts[1:4])) if len(parts) == 4 and parts[0] == "containerLogs" else None
+                if text is None:
+                    self.send_error(404)
+                    return
+                tail = urllib.parse.parse_qs(url.query).get("tailLines")
+                if tail:
+                    text = "".join(text.splitlines(keepends=True)[-int(tail[0]):])
+                body = text.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(pki / "kubelet-serving.crt", pki / "kubelet-serving.key")
+        tls.load_verify_locations(pki / "ca.crt")
+        tls.verify_mode = ssl.CERT_REQUIRED  # like a kubelet: only clients our CA vouches for
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+        self.core.patch_node_status(node, {"status": {
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}}}})  # fmt: skip
+
+    def bind(self, namespace: str, pod: str) -> None:
+        """Place a pod on this node, as the scheduler would (a binding ignores the pod's node selector)."""
+        body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod),
+                                target=client.V1ObjectReference(api_version="v1", kind="Node", name=self.node))
+        # The generated client cannot parse the binding response (a Status); the request itself is what counts.
+        self.core.create_namespaced_pod_binding(pod, namespace, body, _preload_content=False)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        try:
+            self.core.delete_node(self.node)
+        except ApiException as e:
+            if e.status != 404:
+                raise

@@ -15,7 +15,10 @@ import pytest
 import yaml
 from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
 from kubernetes import client
-from operator_support import NO_KUBELET, Kubelet, install_crd, is_subset, job_yaml, running_operator
+from operator_support import NO_KUBELET, Kubelet, NodeLogs, install_crd, is_subset, job_yaml, running_operator
+
+from finetune_runtime.progress import format_line
+from ftjob_cluster.testing import Cluster
 
 API = ("finetune.dev", "v1alpha1")
 
@@ -214,6 +217,43 @@ def test_pending_running_succeeded(operator: Path, kubectl: Any, kube_api: Any, 
                      "json").stdout
     reasons = {e["reason"] for e in json.loads(events)["items"]}
     assert {"Pending", "Running", "Completed"} <= reasons
+
+
+def test_progress_from_rank0_log_reaches_status_and_kubectl(operator: Path, kubectl: Any, kube_api: Any,
+                                                            namespace: str, kubelet: Kubelet, cluster: Cluster,
+                                                            wait_for: Any) -> None:
+    """Rank 0's FTJOB_PROGRESS lines, read through the API server's pods/log from the node serving them, become
+    status.progress and the PROGRESS column, and keep being refreshed with no pod event to wake the operator."""
+    if cluster.pki is None:
+        pytest.skip("needs the LocalCluster's CA to serve a node's logs (an external cluster has real kubelets)")
+    node = NodeLogs(kube_api, cluster.pki, f"logs-{namespace}"[:63])
+    try:
+        apply(kubectl, namespace, lifecycle_job("pg"))
+        pods = _pods_up(kubelet, "pg", 2, wait_for)
+        node.bind(namespace, "pg-rank-0")
+        key = (namespace, "pg-rank-0", "trainer")
+        node.logs[key] = "loading dataset\n" + format_line("train", step=120, totalSteps=500, epoch=1.2, loss=0.41,
+                                                             samplesPerSecond=35.2, etaSeconds=96) + "\n"
+        for p in pods:
+            kubelet.set_status(p, "Running")
+        _wait_phase(kube_api, namespace, "pg", "Running", wait_for)
+
+        def summary() -> str:
+            return str((status(kube_api, namespace, "pg").get("progress") or {}).get("summary", ""))
+
+        first = wait_for(lambda: summary().startswith("120/500") and summary(), timeout=40,
+                         message=f"progress 120/500 (log requests: {node.requests})")  # fmt: skip
+        assert first == "120/500 (24%) loss 0.41 ETA 1m36s"
+        assert any(r.startswith("/containerLogs/" + namespace + "/pg-rank-0/trainer?") and "tailLines=" in r
+                   for r in node.requests), node.requests  # fmt: skip
+        assert first in kubectl("get", "ftj", "pg", "-n", namespace).stdout
+        # Training goes on: nothing changes but the log, and the status must follow within 30 s.
+        node.logs[key] += format_line("eval", step=250, totalSteps=500, metrics={"accuracy": 0.9}) + "\n"
+        later = wait_for(lambda: summary().startswith("250/500") and summary(), timeout=40,
+                         message="progress 250/500 without any pod event")  # fmt: skip
+        assert "accuracy 0.9" in later
+    finally:
+        node.close()
 
 
 def test_rank_failure_restarts_group_then_succeeds(operator: Path, kubectl: Any, kube_api: Any, namespace: str,
