@@ -27,7 +27,7 @@ $(VENV)/.stamp: $(UV) operator/pyproject.toml runtime/pyproject.toml $(wildcard 
 setup: $(VENV)/.stamp ## Create .venv with both packages (editable), test and lint tools
 
 lint: setup ## ruff on all Python code
-	$(VENV)/bin/ruff check operator runtime tests tools
+	$(VENV)/bin/ruff check operator runtime tests tools benchmarks
 
 typecheck: setup ## mypy --strict on the operator package
 	$(VENV)/bin/mypy --strict operator/finetune_operator

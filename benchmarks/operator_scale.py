@@ -1,0 +1,278 @@
+"""Operator at scale against a real control plane, next to the raw API server doing the same writes.
+
+    python benchmarks/operator_scale.py --jobs 50 [--json OUT]
+
+Starts its own LocalCluster (tools/cluster: etcd + kube-apiserver + controller-manager + scheduler, no kubelet)
+with an audit log that records every request of one user, `bench-operator`, the identity `ftjob operator` runs
+as here (bound to the operator's real ClusterRoles from manifests/rbac/rbac.yaml). Then:
+
+1. raw: the children `ftjob render` predicts for N jobs are created straight through the API (the same Python
+   client the operator uses, 8 threads): the ceiling for getting these objects into this API server.
+2. operator: N FineTuneJobs are created at once; the clock stops for a job when all its children exist.
+   Latency per job (p50/p95/max), makespan, and the operator's requests by verb from the audit log.
+3. steady: every pod is reported Running (as a kubelet would) and the operator's request rate is measured
+   over a window while nothing changes: the per-job cost of keeping jobs watched and their progress fresh.
+
+Numbers depend on the machine: compare runs on one machine, never against a fixed threshold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools" / "cluster"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from auditlog import count_requests, policy_for_user  # noqa: E402
+
+from finetune_operator.admission import validate  # noqa: E402
+from finetune_operator.builders import desired  # noqa: E402
+from finetune_operator.sshkeys import generate_keys  # noqa: E402
+from ftjob_cluster.localcluster import (  # noqa: E402
+    Etcd,
+    KubeApiserver,
+    KubeControllerManager,
+    KubeScheduler,
+    LocalCluster,
+    free_port,
+    wait_for,
+)
+
+OPERATOR_USER = "bench-operator"
+RAW_THREADS = 8
+
+
+SAMPLE = ROOT / "manifests" / "samples" / "cpu-bert-ja.yaml"
+PODS_PER_JOB = 2  # the sample: 2 pods x 1 process, torchrun (checked against the builders in raw())
+
+
+def job_manifest(name: str, namespace: str) -> dict[str, Any]:
+    """The cpu-bert-ja sample (a Service, a ConfigMap and two rank pods: the common shape) under a new name."""
+    job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text(encoding="utf-8"))
+    job["metadata"] = {"name": name, "namespace": namespace}
+    job["spec"]["output"]["path"] = f"bench/{name}"
+    return job
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+class Bench:
+    def __init__(self, cluster: LocalCluster, audit_log: Path, workdir: Path) -> None:
+        self.cluster = cluster
+        self.audit_log = audit_log
+        self.workdir = workdir
+        self.api = config.new_client_from_config(str(cluster.kubeconfig))
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.kubectl = str(ROOT / "tools" / "cluster" / "bin" / "ftjob-tool")
+
+    def sh(self, *args: str, stdin: str | None = None) -> str:
+        binary = subprocess.run([self.kubectl, "kubectl"], capture_output=True, text=True, check=True).stdout.strip()
+        proc = subprocess.run([binary, f"--kubeconfig={self.cluster.kubeconfig}", *args], input=stdin,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        if proc.returncode:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr}")
+        return proc.stdout
+
+    def install(self) -> Path:
+        crd = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "crd"], capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+        self.sh("apply", "--server-side", "-f", "-", stdin=crd)
+        self.sh("wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=60s")
+        self.sh("apply", "-f", str(ROOT / "manifests" / "rbac" / "rbac.yaml"))
+        for role in ("finetune-operator", "finetune-operator-cluster"):
+            self.sh("create", "clusterrolebinding", f"bench-{role}", f"--clusterrole={role}", f"--user={OPERATOR_USER}")
+        assert self.cluster.ctx is not None
+        return self.cluster.ctx.write_kubeconfig("bench-operator", OPERATOR_USER)
+
+    def namespace(self, name: str) -> str:
+        self.core.create_namespace({"metadata": {"name": name}})
+
+        def has_default_account() -> bool:  # pods are refused until the controller-manager makes it
+            return any(a.metadata.name == "default" for a in self.core.list_namespaced_service_account(name).items)
+
+        wait_for(has_default_account, timeout=60, message=f"service account {name}/default")
+        return name
+
+    # --- 1. raw ------------------------------------------------------------------------------------------
+    def raw(self, jobs: int) -> dict[str, Any]:
+        ns = self.namespace("bench-raw")
+        objs: list[dict[str, Any]] = []
+        for i in range(jobs):
+            job = validate(job_manifest(f"raw-{i}", ns))
+            job["metadata"]["uid"] = f"00000000-0000-0000-0000-{i:012d}"
+            children = desired(job, ssh_keys=generate_keys(f"raw-{i}"))
+            assert len(children.pods) == PODS_PER_JOB, f"{SAMPLE.name} no longer has {PODS_PER_JOB} pods"
+            for obj in children.all():
+                obj["metadata"].pop("ownerReferences", None)  # no such owner exists; GC would remove them
+                objs.append(obj)
+        api = client.ApiClient(self.api.configuration)
+        core = client.CoreV1Api(api)
+
+        def create(obj: dict[str, Any]) -> None:
+            kind = obj["kind"]
+            fn = {"Pod": core.create_namespaced_pod, "Service": core.create_namespaced_service,
+                  "ConfigMap": core.create_namespaced_config_map, "Secret": core.create_namespaced_secret}[kind]
+            fn(ns, obj)
+
+        start = time.monotonic()
+        with ThreadPoolExecutor(RAW_THREADS) as pool:
+            list(pool.map(create, objs))
+        seconds = time.monotonic() - start
+        return {"objects": len(objs), "seconds": round(seconds, 3), "objectsPerSecond": round(len(objs) / seconds, 1),
+                "threads": RAW_THREADS}  # fmt: skip
+
+    # --- 2. operator ---------------------------------------------------------------------------------------
+    def start_operator(self, kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
+        health = free_port()
+        ftjob = str(Path(sys.executable).with_name("ftjob"))
+        proc = subprocess.Popen([ftjob, "operator", "--metrics-port", "0", "--health-port", str(health)],
+                                env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=log.open("wb"),
+                                stderr=subprocess.STDOUT)  # fmt: skip
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"operator exited: {log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, timeout=60, message="operator /healthz")
+        return proc
+
+    def operator(self, jobs: int) -> tuple[dict[str, Any], str]:
+        ns = self.namespace("bench-op")
+        mark = count_requests(self.audit_log, OPERATOR_USER)
+        created: dict[str, float] = {}
+        start = time.monotonic()
+        for i in range(jobs):
+            name = f"job-{i}"
+            self.custom.create_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs",
+                                                        job_manifest(name, ns))
+            created[name] = time.monotonic()
+        done: dict[str, float] = {}
+        deadline = time.monotonic() + max(120, jobs * 3)
+        while len(done) < jobs:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(done)}/{jobs} jobs got their children in time")
+            per_job: Counter[str] = Counter()
+            for pod in self.core.list_namespaced_pod(ns, label_selector="finetune.dev/job-name").items:
+                per_job[pod.metadata.labels["finetune.dev/job-name"]] += 1
+            services = {s.metadata.name for s in self.core.list_namespaced_service(ns).items}
+            now = time.monotonic()
+            for name, count in per_job.items():
+                if name not in done and count == PODS_PER_JOB and name in services:
+                    done[name] = now
+            time.sleep(0.2)
+        latencies = [done[n] - created[n] for n in created]
+        used = count_requests(self.audit_log, OPERATOR_USER) - mark
+        result = {
+            "jobs": jobs,
+            "createSeconds": round(max(created.values()) - start, 3),
+            "makespanSeconds": round(max(done.values()) - start, 3),
+            "latencySeconds": {"p50": round(statistics.median(latencies), 3),
+                               "p95": round(percentile(latencies, 0.95), 3), "max": round(max(latencies), 3)},
+            "requests": dict(sorted(used.items())),
+            "requestsPerJob": round(sum(used.values()) / jobs, 1),
+        }  # fmt: skip
+        return result, ns
+
+    # --- 3. steady state -------------------------------------------------------------------------------------
+    def steady(self, ns: str, jobs: int, window: float) -> dict[str, Any]:
+        running = {"phase": "Running", "containerStatuses": [{
+            "name": "trainer", "ready": True, "restartCount": 0, "image": "x", "imageID": "",
+            "state": {"running": {"startedAt": "2026-12-02T10:00:00Z"}}}]}  # fmt: skip
+        for pod in self.core.list_namespaced_pod(ns, label_selector="finetune.dev/job-name").items:
+            self.core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": running})
+
+        def all_running() -> bool:
+            items = self.custom.list_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs")["items"]
+            return sum((j.get("status") or {}).get("phase") == "Running" for j in items) == jobs
+
+        wait_for(all_running, timeout=max(120, jobs * 2), message="every job Running")
+        time.sleep(2)  # let the passes the Running transition triggered finish
+        mark = count_requests(self.audit_log, OPERATOR_USER)
+        time.sleep(window)
+        used = count_requests(self.audit_log, OPERATOR_USER) - mark
+        total = sum(used.values())
+        return {"jobs": jobs, "windowSeconds": window, "requests": dict(sorted(used.items())),
+                "requestsPerSecond": round(total / window, 2),
+                "requestsPerJobPerMinute": round(total / window * 60 / jobs, 1)}  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=50)
+    ap.add_argument("--window", type=float, default=30.0, help="seconds of steady-state measurement")
+    ap.add_argument("--json", type=Path, help="write the results here as JSON")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="ftjob-bench-"))
+    policy = work / "audit-policy.yaml"
+    policy.write_text(yaml.safe_dump(policy_for_user(OPERATOR_USER)))
+    audit_log = work / "audit.log"
+    apiserver = KubeApiserver([f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}",
+                               "--audit-log-format=json", "--audit-log-mode=blocking"])  # fmt: skip
+    cluster = LocalCluster(work / "cluster", [Etcd(), apiserver, KubeControllerManager(), KubeScheduler()])
+    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                           "platform": platform.platform()}}  # fmt: skip
+    with cluster:
+        bench = Bench(cluster, audit_log, work)
+        operator_kubeconfig = bench.install()
+        results["raw"] = bench.raw(args.jobs)
+        print(f"raw: {results['raw']}", flush=True)
+        proc = bench.start_operator(operator_kubeconfig, work / "operator.log")
+        try:
+            results["operator"], ns = bench.operator(args.jobs)
+            print(f"operator: {results['operator']}", flush=True)
+            results["steady"] = bench.steady(ns, args.jobs, args.window)
+            print(f"steady: {results['steady']}", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print(report(results))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def report(r: dict[str, Any]) -> str:
+    raw, op, st = r["raw"], r["operator"], r["steady"]
+    lat = op["latencySeconds"]
+    return "\n".join([
+        f"| {op['jobs']} jobs, {r['machine']['cpus']} CPUs | value |",
+        "|---|---|",
+        f"| raw API: children created ({raw['objects']} objects, {raw['threads']} threads) | "
+        f"{raw['seconds']} s ({raw['objectsPerSecond']} objects/s) |",
+        f"| operator: all jobs' children created (makespan) | {op['makespanSeconds']} s |",
+        f"| operator: job created -> children exist, p50 / p95 / max | {lat['p50']} / {lat['p95']} / {lat['max']} s |",
+        f"| operator: API requests per job until then | {op['requestsPerJob']} |",
+        f"| operator, steady state (all Running): requests/s | {st['requestsPerSecond']} |",
+        f"| ... per job per minute | {st['requestsPerJobPerMinute']} |",
+    ])  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""benchmarks/auditlog.py: the request counts the scale benchmark reports come from this parser."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from auditlog import count_requests, policy_for_user
+
+
+def event(user: str, verb: str, stage: str = "ResponseComplete", **ref: str) -> str:
+    e = {"kind": "Event", "stage": stage, "verb": verb, "user": {"username": user},
+         "requestURI": "/apis?timeout=32s"}  # fmt: skip
+    if ref:
+        e["objectRef"] = ref
+    return json.dumps(e)
+
+
+def test_counts_one_users_completed_requests_by_verb_and_resource(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    log.write_text("\n".join([
+        event("bench-operator", "list", resource="pods", namespace="x"),
+        event("bench-operator", "list", resource="pods", namespace="x"),
+        event("bench-operator", "patch", resource="finetunejobs", subresource="status"),
+        event("bench-operator", "get"),  # discovery: no objectRef
+        event("bench-operator", "watch", stage="ResponseStarted", resource="pods"),  # counted when it ends
+        event("someone-else", "list", resource="pods"),
+    ]) + "\n")  # fmt: skip
+    assert count_requests(log, "bench-operator") == {"list pods": 2, "patch finetunejobs/status": 1, "get /apis": 1}
+
+
+def test_missing_log_counts_nothing(tmp_path: Path) -> None:
+    assert count_requests(tmp_path / "absent.log", "u") == {}
+
+
+def test_policy_records_only_the_user() -> None:
+    rules = policy_for_user("bench-operator")["rules"]
+    assert rules[0] == {"level": "Metadata", "users": ["bench-operator"]} and rules[-1] == {"level": "None"}
