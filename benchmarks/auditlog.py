@@ -12,12 +12,12 @@ from typing import Any
 
 
 def policy_for_user(user: str) -> dict[str, Any]:
-    """Metadata-level events for `user` only, one per request (at ResponseComplete; a watch is counted when it
-    ends), nothing for anyone else."""
+    """Metadata-level events for `user` only, nothing for anyone else. Every request ends with a ResponseComplete
+    event; a watch also has a ResponseStarted one when its stream opens."""
     return {
         "apiVersion": "audit.k8s.io/v1",
         "kind": "Policy",
-        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "omitStages": ["RequestReceived"],
         "rules": [{"level": "Metadata", "users": [user]}, {"level": "None"}],
     }
 
@@ -33,15 +33,24 @@ def request_key(event: dict[str, Any]) -> str:
     return f"{event.get('verb', '?')} {resource}"
 
 
-def count_requests(log: Path, user: str) -> Counter[str]:
-    counts: Counter[str] = Counter()
+def _events(log: Path, user: str) -> list[dict[str, Any]]:
     if not log.exists():
-        return counts
+        return []
     with log.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            event = json.loads(line)
-            if (event.get("user") or {}).get("username") == user and event.get("stage") == "ResponseComplete":
-                counts[request_key(event)] += 1
-    return counts
+        events = [json.loads(line) for line in f if line.strip()]
+    return [e for e in events if (e.get("user") or {}).get("username") == user]
+
+
+def _counted(event: dict[str, Any]) -> bool:
+    # A watch is counted when it opens (it may outlive the measurement); anything else when it completes.
+    return event.get("stage") == ("ResponseStarted" if event.get("verb") == "watch" else "ResponseComplete")
+
+
+def count_requests(log: Path, user: str) -> Counter[str]:
+    """`verb resource` -> number of requests by `user`."""
+    return Counter(request_key(e) for e in _events(log, user) if _counted(e))
+
+
+def watch_uris(log: Path, user: str) -> list[str]:
+    """The distinct request URIs of `user`'s watches (shows whether they carry label selectors)."""
+    return sorted({e.get("requestURI", "") for e in _events(log, user) if _counted(e) and e.get("verb") == "watch"})

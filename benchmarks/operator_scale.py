@@ -39,7 +39,7 @@ from kubernetes import client, config
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "cluster"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auditlog import count_requests, policy_for_user  # noqa: E402
+from auditlog import count_requests, policy_for_user, watch_uris  # noqa: E402
 
 from finetune_operator.admission import validate  # noqa: E402
 from finetune_operator.builders import desired  # noqa: E402
@@ -248,6 +248,7 @@ def main() -> int:
             print(f"operator: {results['operator']}", flush=True)
             results["steady"] = bench.steady(ns, args.jobs, args.window)
             print(f"steady: {results['steady']}", flush=True)
+            results["watches"] = watch_uris(audit_log, OPERATOR_USER)
         finally:
             proc.terminate()
             proc.wait(timeout=30)

@@ -55,6 +55,9 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=c.GROUP, key="last-handled-configuration"
     )
     settings.posting.enabled = False  # we post our own events with reasons of our own
+    # Server-side: the API server streams only our pods. The handler's `labels=` filter alone is applied by
+    # kopf after receiving every pod of the cluster (or of the watched namespaces).
+    settings.watching.label_selectors["pods"] = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
 

@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from auditlog import count_requests, policy_for_user
+from auditlog import count_requests, policy_for_user, watch_uris
 
 
-def event(user: str, verb: str, stage: str = "ResponseComplete", **ref: str) -> str:
-    e = {"kind": "Event", "stage": stage, "verb": verb, "user": {"username": user},
-         "requestURI": "/apis?timeout=32s"}  # fmt: skip
+def event(user: str, verb: str, stage: str = "ResponseComplete", uri: str = "/apis?timeout=32s", **ref: str) -> str:
+    e = {"kind": "Event", "stage": stage, "verb": verb, "user": {"username": user}, "requestURI": uri}
     if ref:
         e["objectRef"] = ref
     return json.dumps(e)
@@ -25,10 +24,16 @@ def test_counts_one_users_completed_requests_by_verb_and_resource(tmp_path: Path
         event("bench-operator", "list", resource="pods", namespace="x"),
         event("bench-operator", "patch", resource="finetunejobs", subresource="status"),
         event("bench-operator", "get"),  # discovery: no objectRef
-        event("bench-operator", "watch", stage="ResponseStarted", resource="pods"),  # counted when it ends
+        # A watch: counted once, when it opens (it may outlive the measurement).
+        event("bench-operator", "watch", stage="ResponseStarted", uri="/api/v1/pods?labelSelector=a%3Db&watch=true",
+              resource="pods"),
+        event("bench-operator", "watch", uri="/api/v1/pods?labelSelector=a%3Db&watch=true", resource="pods"),
+        event("bench-operator", "list", stage="ResponseStarted", resource="pods"),  # not an event lists have
         event("someone-else", "list", resource="pods"),
     ]) + "\n")  # fmt: skip
-    assert count_requests(log, "bench-operator") == {"list pods": 2, "patch finetunejobs/status": 1, "get /apis": 1}
+    assert count_requests(log, "bench-operator") == {"list pods": 2, "patch finetunejobs/status": 1, "get /apis": 1,
+                                                     "watch pods": 1}
+    assert watch_uris(log, "bench-operator") == ["/api/v1/pods?labelSelector=a%3Db&watch=true"]
 
 
 def test_missing_log_counts_nothing(tmp_path: Path) -> None:
