@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import Mapping
@@ -62,6 +63,17 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 300
 
 
+@kopf.index("pods", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})
+def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
+    """(namespace, job) -> its pods, kept current by the pod watch: a pass reads them here, not by a LIST.
+
+    The index can lag behind the operator's own writes by one watch event; reconcile tolerates that: a pod it
+    just created and does not see yet is created again and the 409 read back as its own; a pod it just
+    deleted and still sees belongs to an older attempt or is deleted again (404 ignored). The job itself is
+    always read fresh, so restarts are never counted twice."""
+    return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): copy.deepcopy(dict(body))}
+
+
 @kopf.on.event("pods", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})
 def _pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
     _wake(namespace, labels.get(c.LABEL_JOB_NAME))
@@ -81,8 +93,9 @@ def _rank0_log_source(job: dict[str, Any]) -> tuple[str, str]:
     return f"{name}-rank-0", c.INIT_PRECOMPILE if phase == "Precompiling" else c.CONTAINER_TRAINER
 
 
-def reconcile_once(kube: Kube, namespace: str, name: str) -> float:
-    """One pass for one job. Returns seconds until the next pass unless something wakes it earlier."""
+def reconcile_once(kube: Kube, namespace: str, name: str, pods: list[dict[str, Any]] | None = None) -> float:
+    """One pass for one job. Returns seconds until the next pass unless something wakes it earlier.
+    `pods`: the job's pods from the watch-fed index; None lists them from the API."""
     raw = kube.get_job(namespace, name)
     if raw is None or raw["metadata"].get("deletionTimestamp"):
         return IDLE_REQUEUE_S
@@ -92,7 +105,7 @@ def reconcile_once(kube: Kube, namespace: str, name: str) -> float:
         job = validate(raw)
     except InvalidSpec as e:
         # Admission normally rejects these; a job stored before a CRD upgrade can still be invalid.
-        status = dict(old_status)
+        status = copy.deepcopy(old_status)
         if status.get("phase") != "Failed":
             msg = "invalid spec: " + "; ".join(str(x) for x in e.errors)
             status.update(phase="Failed", reason="InvalidSpec", message=msg, completionTime=iso(now))
@@ -103,7 +116,9 @@ def reconcile_once(kube: Kube, namespace: str, name: str) -> float:
     job["status"] = raw.get("status") or {}
 
     with_policies = bool((_config.get("networkPolicy") or {}).get("enabled"))
-    pods, objects = kube.list_children(namespace, name, network_policies=with_policies)
+    if pods is None:
+        pods = kube.list_pods(namespace, name)
+    objects = kube.list_other_children(namespace, name, network_policies=with_policies)
     prog = None
     phase = old_status.get("phase")
     key = (namespace, name)
@@ -171,7 +186,7 @@ def _record_error(kube: Kube, namespace: str, name: str, err: Exception) -> None
     if raw is None:
         return
     old = dict(raw.get("status") or {})
-    new = dict(old)
+    new = copy.deepcopy(old)  # set_condition edits conditions in place: old must stay what the API holds
     msg = f"reconcile error: {err}"
     new["message"] = msg[:2000]
     now = datetime.now(UTC).replace(tzinfo=None)
@@ -181,7 +196,8 @@ def _record_error(kube: Kube, namespace: str, name: str, err: Exception) -> None
 
 
 @kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, cancellation_timeout=10.0)
-async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopped,
+                     job_pods: kopf.Index[Any, Any] | None = None, **_: Any) -> None:
     namespace = namespace or "default"
     key = (namespace, name)
     wake = _wakers.setdefault(key, asyncio.Event())
@@ -193,8 +209,10 @@ async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopp
         while not stopped:
             if wake.is_set() or time.monotonic() >= next_pass:
                 wake.clear()  # before the pass: an event during it triggers another
+                # Copied here, on the event loop that updates the index, not in the worker thread.
+                pods = None if job_pods is None else list(job_pods.get(key, []))
                 try:
-                    wait = await loop.run_in_executor(None, reconcile_once, kube, namespace, name)
+                    wait = await loop.run_in_executor(None, reconcile_once, kube, namespace, name, pods)
                     if failures:
                         await loop.run_in_executor(None, _clear_error, kube, namespace, name)
                     failures = 0
@@ -213,6 +231,11 @@ async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopp
                 except Exception:
                     # Progress is best effort; the next full pass reports API errors in the job's status.
                     log.exception("progress refresh of %s/%s failed", namespace, name)
+            if failures:
+                # Back off for real: a failing pass patches the job's status, whose watch event would
+                # otherwise wake the next pass at once.
+                await asyncio.sleep(max(0.0, next_pass - time.monotonic()))
+                continue
             sleep = next_pass - time.monotonic()
             if key in _training:
                 sleep = min(sleep, PROGRESS_EVERY_S - (time.monotonic() - _progress_read_at.get(key, 0)))
@@ -229,7 +252,7 @@ def _clear_error(kube: Kube, namespace: str, name: str) -> None:
     if raw is None:
         return
     old = dict(raw.get("status") or {})
-    new = dict(old)
+    new = copy.deepcopy(old)  # set_condition edits conditions in place: old must stay what the API holds
     now = datetime.now(UTC).replace(tzinfo=None)
     set_condition(new, "ReconcileError", False, "Recovered", "reconciled successfully", now)
     kube.patch_status(namespace, name, old, new)

@@ -8,10 +8,14 @@
 | patch status    | job deleted meanwhile: ignored   | -                                                          |
 | read pod log    | pod gone / not started: None     | -                                                          |
 | post event      | errors are logged, never raised  |                                                            |
+
+A create refused with 403 NamespaceTerminating is skipped (logged, not raised): the namespace is being
+deleted, the job with it, and retrying cannot succeed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from datetime import UTC, datetime
@@ -27,6 +31,14 @@ log = logging.getLogger(__name__)
 
 class ForeignObject(RuntimeError):
     """A child's deterministic name is taken by an object this job does not control."""
+
+
+def _namespace_terminating(e: ApiException) -> bool:
+    try:
+        causes = (json.loads(e.body or "{}").get("details") or {}).get("causes") or []
+    except (ValueError, AttributeError):
+        return False
+    return any(c.get("reason") == "NamespaceTerminating" for c in causes)
 
 
 class Kube:
@@ -72,6 +84,10 @@ class Kube:
             self._create_call(kind, meta["namespace"], obj)
             return True
         except ApiException as e:
+            if e.status == 403 and _namespace_terminating(e):
+                log.info("not creating %s %s/%s: the namespace is being deleted", kind, meta["namespace"],
+                         meta["name"])  # fmt: skip
+                return False
             if e.status != 409:
                 raise
         existing = self._read(kind, meta["namespace"], meta["name"])
@@ -91,13 +107,15 @@ class Kube:
             if e.status != 404:
                 raise
 
-    def list_children(
-        self, ns: str, job: str, network_policies: bool = False
-    ) -> tuple[list[dict[str, Any]], frozenset[str]]:
-        """Pods of the job, and "Kind/name" of its other children (NetworkPolicies only when the operator
-        makes them: otherwise its RBAC has no reason to read them)."""
+    def list_pods(self, ns: str, job: str) -> list[dict[str, Any]]:
+        """The job's pods (the operator normally reads them from its watch-fed index instead)."""
         sel = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB_NAME}={job}"
-        pods = [self._plain(p) for p in self.core.list_namespaced_pod(ns, label_selector=sel).items]
+        return [self._plain(p) for p in self.core.list_namespaced_pod(ns, label_selector=sel).items]
+
+    def list_other_children(self, ns: str, job: str, network_policies: bool = False) -> frozenset[str]:
+        """"Kind/name" of the job's children other than pods (NetworkPolicies only when the operator makes
+        them: otherwise its RBAC has no reason to read them)."""
+        sel = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB_NAME}={job}"
         names = set()
         listers: list[tuple[str, Any]] = [
             ("Service", self.core.list_namespaced_service),
@@ -108,7 +126,7 @@ class Kube:
             listers.append(("NetworkPolicy", self.networking.list_namespaced_network_policy))
         for kind, lister in listers:
             names |= {f"{kind}/{o.metadata.name}" for o in lister(ns, label_selector=sel).items if o.metadata}
-        return pods, frozenset(names)
+        return frozenset(names)
 
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None:
         try:

@@ -7,6 +7,7 @@ import copy
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
 from kubernetes import client
 from operator_support import NO_KUBELET, Kubelet, NodeLogs, install_crd, is_subset, job_yaml, running_operator
 
+from finetune_operator.k8s import Kube
 from finetune_runtime.progress import format_line
 from ftjob_cluster.testing import Cluster
 
@@ -178,6 +180,36 @@ def test_foreign_object_error_shows_in_status(operator: Path, kubectl: Any, kube
                   timeout=60, message="reconcile error in status")
     assert "ConfigMap" in st["message"] and "not controlled by this FineTuneJob" in st["message"]
     assert any(c["type"] == "ReconcileError" and c["status"] == "True" for c in st["conditions"])
+    # Failing passes back off (1, 2, 5, 10, 30 s) although each one's status patch is a watch event that
+    # would wake the daemon at once.
+    time.sleep(6)
+    failures = operator.read_text().count(f"reconcile of {namespace}/clash failed")
+    assert 1 <= failures <= 8, f"{failures} failed passes in ~6 s: the error backoff is not honoured"
+    # Removing the clash lets the job recover on its own.
+    client.CoreV1Api(kube_api).delete_namespaced_config_map("clash-config", namespace)
+
+    def recovered() -> bool:
+        conds = {c["type"]: c for c in status(kube_api, namespace, "clash").get("conditions", [])}
+        return conds.get("ReconcileError", {}).get("status") == "False"
+
+    wait_for(recovered, timeout=60, message="ReconcileError cleared after the clash was removed")
+    cm = client.CoreV1Api(kube_api).read_namespaced_config_map("clash-config", namespace)
+    assert cm.metadata.owner_references[0].kind == "FineTuneJob"
+
+
+def test_create_in_a_terminating_namespace_is_skipped(kube_api: Any, namespace: str) -> None:
+    """k8s.Kube's policy: a 403 NamespaceTerminating on create is not an error (the job goes with it)."""
+    core = client.CoreV1Api(kube_api)
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "holder", "finalizers": ["test.ftjob/hold"]}})
+    core.delete_namespace(namespace)  # Terminating until the finalizer goes
+    try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late", "namespace": namespace},
+               "spec": {"containers": [{"name": "c", "image": "x"}]}}  # fmt: skip
+        assert Kube(kube_api).create(pod) is False
+        with pytest.raises(client.exceptions.ApiException):
+            core.read_namespaced_pod("late", namespace)
+    finally:
+        core.patch_namespaced_config_map("holder", namespace, {"metadata": {"finalizers": None}})
 
 
 # -- lifecycles, with pod status reported as a kubelet would ------------------------------------------------------
