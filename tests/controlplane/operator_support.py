@@ -18,6 +18,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +49,28 @@ def install_crd(kubectl: Callable[..., Any], wait_for: Callable[..., Any]) -> No
              message="CRD schema in OpenAPI")
 
 
+@dataclass
+class RunningOperator:
+    process: subprocess.Popen[bytes]
+    metrics_url: str
+
+    def reconciles(self) -> float:
+        """finetune_operator_reconciles_total: full passes completed so far (from /metrics)."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+            text = r.read().decode()
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("finetune_operator_reconciles_total "))  # fmt: skip
+
+
 @contextmanager
 def running_operator(kubeconfig: Path, wait_for: Callable[..., Any], log_path: Path,
-                     extra: list[str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+                     extra: list[str] | None = None) -> Iterator[RunningOperator]:
     """`ftjob operator` as a subprocess (the same entry point the image runs), ready when /healthz answers."""
-    health = free_port()
+    health, metrics = free_port(), free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     ftjob = str(Path(sys.executable).with_name("ftjob"))
     log = log_path.open("wb")
-    proc = subprocess.Popen([ftjob, "operator", "--metrics-port", str(free_port()), "--health-port", str(health),
+    proc = subprocess.Popen([ftjob, "operator", "--metrics-port", str(metrics), "--health-port", str(health),
                              *(extra or [])], env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def healthy() -> bool:
@@ -70,7 +84,7 @@ def running_operator(kubeconfig: Path, wait_for: Callable[..., Any], log_path: P
 
     wait_for(healthy, timeout=60, message="operator /healthz")
     try:
-        yield proc
+        yield RunningOperator(proc, f"http://127.0.0.1:{metrics}/metrics")
     finally:
         proc.terminate()
         try:
