@@ -7,7 +7,7 @@
 | delete job      | already gone: fine               | -                                                          |
 | patch status    | job deleted meanwhile: ignored   | -                                                          |
 | read pod log    | pod gone / not started: None     | -                                                          |
-| post event      | errors are logged, never raised  |                                                            |
+| post event      | errors are logged, never raised  | a repeat: count + 1 on the existing Event (aggregation)    |
 
 A create refused with 403 NamespaceTerminating is skipped (logged, not raised): the namespace is being
 deleted, the job with it, and retrying cannot succeed.
@@ -15,9 +15,9 @@ deleted, the job with it, and retrying cannot succeed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,6 +47,7 @@ class Kube:
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.networking = client.NetworkingV1Api(self.api)
+        self._event_counts: dict[str, int] = {}  # Event name -> count last written (see event())
 
     # -- children -------------------------------------------------------------------------------------------
     def _create_call(self, kind: str, ns: str, body: Any) -> Any:
@@ -169,29 +170,43 @@ class Kube:
                 raise
 
     def event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        """Post an Event on the job. A repeat (same job, type, reason and message) bumps the existing Event's
+        count and lastTimestamp instead of adding one, as kubectl users expect from kubelet/controller events:
+        the name is derived from the content, so the repeat meets a 409. The count is kept in memory (RBAC
+        grants create and patch on events, not get), so after an operator restart it counts on from 2."""
         meta = job["metadata"]
-        now = datetime.now(UTC)
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        message = message[:1024]
+        key = hashlib.sha256("\0".join([str(meta.get("uid")), etype, reason, message]).encode()).hexdigest()[:16]
+        name, ns = f"{meta['name']}.{key}", meta["namespace"]
         body: Any = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "metadata": {"name": name, "namespace": ns},
             "involvedObject": {
                 "apiVersion": job["apiVersion"],
                 "kind": job["kind"],
                 "name": meta["name"],
-                "namespace": meta["namespace"],
+                "namespace": ns,
                 "uid": meta.get("uid"),
             },
             "type": etype,
             "reason": reason,
-            "message": message[:1024],
+            "message": message,
             "source": {"component": "finetune-operator"},
-            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
             "count": 1,
             "reportingComponent": "finetune-operator",
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], body)
+            try:
+                self.core.create_namespaced_event(ns, body)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                count = self._event_counts.get(name, 1) + 1
+                self.core.patch_namespaced_event(name, ns, {"count": count, "lastTimestamp": now})
+                self._event_counts[name] = count
         except ApiException as e:  # events are best effort: never fail a reconcile on them
             log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)

@@ -374,3 +374,18 @@ def test_deleting_job_garbage_collects_children(operator: Path, kubectl: Any, ku
              and not core.list_namespaced_service(namespace, label_selector="finetune.dev/job-name=gc").items
              and not core.list_namespaced_config_map(namespace, label_selector="finetune.dev/job-name=gc").items,
              timeout=60, message="children garbage-collected")
+
+
+def test_repeated_events_are_aggregated(kube_api: Any, namespace: str) -> None:
+    """A repeated event bumps count/lastTimestamp on one Event (as kubectl describe shows "x3"), a different
+    message is an Event of its own."""
+    job = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob",
+           "metadata": {"name": "ev", "namespace": namespace, "uid": "6b1c7e6e-0000-4000-8000-000000000001"}}
+    kube = Kube(kube_api)
+    for _ in range(3):
+        kube.event(job, "Warning", "ReconcileError", "reconcile error: ConfigMap clash")
+    kube.event(job, "Warning", "ReconcileError", "reconcile error: something else")
+    events = client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
+    assert sorted((e.message, e.count) for e in events) == [
+        ("reconcile error: ConfigMap clash", 3), ("reconcile error: something else", 1)]
+    assert all(e.involved_object.uid == job["metadata"]["uid"] for e in events)
