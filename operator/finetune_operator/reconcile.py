@@ -87,6 +87,9 @@ def _deleting(pod: dict[str, Any]) -> bool:
     return bool(pod["metadata"].get("deletionTimestamp"))
 
 
+DELETED_HINT = "the pod was deleted while the job ran (eviction, node drain or kubectl delete)"
+
+
 def _failure(pod: dict[str, Any], attempt: int) -> dict[str, Any]:
     """Which container failed, how, and its last log lines (FallbackToLogsOnError termination message)."""
     st = pod.get("status") or {}
@@ -94,6 +97,9 @@ def _failure(pod: dict[str, Any], attempt: int) -> dict[str, Any]:
     out: dict[str, Any] = {"attempt": attempt, "pod": pod["metadata"]["name"]}
     if labels.get(c.LABEL_RANK) is not None:
         out["rank"] = int(labels[c.LABEL_RANK])
+    if _deleting(pod) and _phase(pod) != "Failed":
+        out.update(reason="Deleted", logTail=DELETED_HINT)
+        return out
     for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
         term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode", 0) != 0:
@@ -231,8 +237,12 @@ def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any]
             )
         plan.requeue_after = (due - now).total_seconds()
 
-    # A failed pod of the current attempt fails the whole group.
+    # A failed pod of the current attempt fails the whole group. So does one of its unfinished pods being
+    # deleted: the operator deletes current-attempt pods only as it ends, suspends or restarts the job, so this
+    # is an eviction, a node drain or someone's kubectl delete, and the other ranks would otherwise hang in
+    # collectives until a timeout.
     failed = [p for p in current if _phase(p) == "Failed"]
+    failed += [p for p in observed.pods if _deleting(p) and _attempt(p) == attempt and _phase(p) not in TERMINAL]
     if failed:
         failed.sort(key=lambda p: int(p["metadata"]["labels"].get(c.LABEL_RANK, "-1")))
         f = _failure(failed[0], attempt)

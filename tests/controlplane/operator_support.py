@@ -98,12 +98,13 @@ class Kubelet:
     """Reports pod status like a kubelet would, and completes graceful deletions (as the kubelet does once
     containers have stopped)."""
 
-    def __init__(self, api: client.ApiClient, namespace: str):
+    def __init__(self, api: client.ApiClient, namespace: str, finalize_deletions: bool = True):
         self.core = client.CoreV1Api(api)
         self.ns = namespace
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._finalize_deletions, daemon=True)
-        self._thread.start()
+        if finalize_deletions:  # off: a deleted pod stays Terminating, as with a kubelet still stopping it
+            self._thread.start()
 
     def _finalize_deletions(self) -> None:
         while not self._stop.is_set():
@@ -126,7 +127,8 @@ class Kubelet:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
     def pods(self, job: str) -> list[Any]:
         return list(self.core.list_namespaced_pod(self.ns, label_selector=f"finetune.dev/job-name={job}").items)

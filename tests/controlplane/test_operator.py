@@ -308,6 +308,34 @@ def test_rank_failure_restarts_group_then_succeeds(operator: Path, kubectl: Any,
     assert st["restartCount"] == 1
 
 
+def test_running_rank_deleted_by_someone_else_restarts_the_group(operator: Path, kubectl: Any, kube_api: Any,
+                                                                 namespace: str, cluster: Cluster,
+                                                                 wait_for: Any) -> None:
+    """`kubectl delete pod` (or an eviction, a drain) of a running rank restarts the group at once instead of
+    leaving the other ranks to hang in collectives until a timeout."""
+    if cluster.pki is None:
+        pytest.skip("binds a pod to a node of its own; an external cluster's kubelets would run it")
+    kubelet = Kubelet(kube_api, namespace, finalize_deletions=False)  # deletions stay Terminating until we say
+    node = NodeLogs(kube_api, cluster.pki, f"del-{namespace}"[:63])
+    try:
+        apply(kubectl, namespace, lifecycle_job("dl", backoffLimit=2))
+        pods = _pods_up(kubelet, "dl", 2, wait_for)
+        node.bind(namespace, "dl-rank-1")  # graceful deletion needs a node: an unbound pod goes at once
+        for p in pods:
+            kubelet.set_status(p, "Running")
+        _wait_phase(kube_api, namespace, "dl", "Running", wait_for)
+        kubectl("delete", "pod", "dl-rank-1", "-n", namespace, "--wait=false")
+        st = _wait_phase(kube_api, namespace, "dl", "Restarting", wait_for)
+        assert st["restartCount"] == 1 and st["failures"][-1]["rank"] == 1
+        assert st["failures"][-1]["reason"] == "Deleted" and "kubectl delete" in st["failures"][-1]["logTail"]
+        # The kubelet finishes stopping the deleted pod; the new attempt starts under the same names.
+        client.CoreV1Api(kube_api).delete_namespaced_pod("dl-rank-1", namespace, grace_period_seconds=0)
+        _pods_up(kubelet, "dl", 2, wait_for, attempt=1)
+    finally:
+        kubelet.stop()
+        node.close()
+
+
 def test_failures_past_backoff_limit_fail_with_rank_and_reason(operator: Path, kubectl: Any, kube_api: Any,
                                                                namespace: str, kubelet: Kubelet,
                                                                wait_for: Any) -> None:

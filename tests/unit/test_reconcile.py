@@ -232,12 +232,60 @@ def test_progress_lands_in_status() -> None:
     assert w.job["status"]["progress"] == prog
 
 
-def test_externally_deleted_pod_is_recreated() -> None:
+def test_pod_gone_without_a_trace_is_recreated() -> None:
+    # A force deletion (grace 0) is never seen terminating: the missing pod is simply created again.
     w = World(job2())
     w.step()
     del w.pods["j-rank-1"]
     p = w.step()
     assert [o["metadata"]["name"] for o in p.create] == ["j-rank-1"]
+
+
+def test_running_pod_deleted_by_someone_else_restarts_the_group() -> None:
+    w = World(job2(backoffLimit=2))
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.pods["j-rank-1"]["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:05Z"  # kubectl delete / eviction
+    p = w.step()
+    assert w.phase == "Restarting" and w.job["status"]["restartCount"] == 1
+    assert p.delete_pods == ["j-rank-0"]  # rank 1 is already going
+    f = w.job["status"]["failures"][-1]
+    assert f["rank"] == 1 and f["reason"] == "Deleted"
+    assert "rank 1 (pod j-rank-1) failed: Deleted" in w.job["status"]["message"]
+    w.gone()
+    p = w.step()
+    assert [o["metadata"]["labels"]["finetune.dev/attempt"] for o in p.create] == ["1", "1"]
+
+
+def test_own_deletions_are_not_failures() -> None:
+    # Restart: the old attempt's pods terminate while the new attempt waits; suspend; finished pods.
+    w = World(job2(backoffLimit=2))
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.set_phase("j-rank-0", "Failed", **terminated(1))
+    w.step()
+    for _ in range(3):
+        w.step()
+        assert w.job["status"]["restartCount"] == 1 and w.phase == "Restarting"
+    w.gone()
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.job["spec"]["runPolicy"]["suspend"] = True
+    w.step()
+    w.step()
+    assert w.phase == "Suspended" and w.job["status"]["restartCount"] == 1
+    w.job["spec"]["runPolicy"]["suspend"] = False
+    w.gone()
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.set_phase("j-rank-0", "Succeeded")
+    w.pods["j-rank-0"]["metadata"]["deletionTimestamp"] = "2026-12-02T10:01:00Z"  # a finished rank cleaned up
+    w.step()
+    assert w.job["status"]["restartCount"] == 1
 
 
 def test_network_policy_created_with_the_other_objects_when_configured() -> None:
