@@ -246,8 +246,9 @@ RUN_POLICY = _o(
     "Restarts, deadlines and clean-up.",
     {
         "backoffLimit": _i(
-            "Group restarts after a rank fails before the job is Failed. Every restart resumes from the newest "
-            "checkpoint.",
+            "Group restarts after a rank fails before the job is Failed. A rank fails when its pod fails or when "
+            "its running pod is deleted by someone else (eviction, node drain, kubectl delete). Every restart "
+            "resumes from the newest checkpoint.",
             minimum=0,
             maximum=1000,
             default=3,
@@ -361,7 +362,8 @@ STATUS = _o(
                     "pod": _s("Pod name."),
                     "rank": _i("Pod index."),
                     "exitCode": _i("Exit code of the failed container."),
-                    "reason": _s("Container reason, e.g. Error or OOMKilled."),
+                    "reason": _s("Container reason, e.g. Error or OOMKilled; Evicted for a pod the kubelet evicted; "
+                                 "Deleted for a running pod deleted by someone else."),
                     "logTail": _s("Last log lines of the failed container."),
                 },
             ),
