@@ -4,7 +4,7 @@ BENCH_OUT ?= benchmarks/results/latest
 
 .PHONY: bench bench-render bench-operator
 
-bench: bench-render bench-operator ## Every benchmark; results as JSON under $(BENCH_OUT)
+bench: bench-render bench-operator ## Every benchmark; results as JSON under benchmarks/results/latest (BENCH_OUT)
 
 bench-render: setup ## Pure builders: renders per second for every sample
 	$(PY) benchmarks/render.py --json $(BENCH_OUT)/render.json
