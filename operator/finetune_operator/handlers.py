@@ -58,7 +58,8 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False  # we post our own events with reasons of our own
     # Server-side: the API server streams only our pods. The handler's `labels=` filter alone is applied by
     # kopf after receiving every pod of the cluster (or of the watched namespaces).
-    settings.watching.label_selectors["pods"] = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
+    for plural in ("pods", *_CHILD_INDEXES, _POLICY_INDEX[0]):
+        settings.watching.label_selectors[plural] = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
 
@@ -72,6 +73,25 @@ def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, 
     deleted and still sees belongs to an older attempt or is deleted again (404 ignored). The job itself is
     always read fresh, so restarts are never counted twice."""
     return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): copy.deepcopy(dict(body))}
+
+
+# The other children, by (namespace, job) -> "Kind/name", so a full pass makes no LIST at all. Each kind's
+# watch is filtered server-side (see _configure), or kopf would stream every Secret of the cluster.
+# NetworkPolicies are indexed only when the operator makes them (run_operator): otherwise its RBAC cannot
+# watch them.
+_CHILD_INDEXES = {"services": "Service", "configmaps": "ConfigMap", "secrets": "Secret"}
+_POLICY_INDEX = ("networkpolicies", "NetworkPolicy")
+
+
+def _child_indexer(kind: str) -> Any:
+    def index(name: str, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
+        return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): f"{kind}/{name}"}
+
+    return index
+
+
+for _plural, _kind in _CHILD_INDEXES.items():
+    kopf.index(_plural, id=f"job_{_plural}", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})(_child_indexer(_kind))
 
 
 @kopf.on.event("pods", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})
@@ -93,9 +113,10 @@ def _rank0_log_source(job: dict[str, Any]) -> tuple[str, str]:
     return f"{name}-rank-0", c.INIT_PRECOMPILE if phase == "Precompiling" else c.CONTAINER_TRAINER
 
 
-def reconcile_once(kube: Kube, namespace: str, name: str, pods: list[dict[str, Any]] | None = None) -> float:
+def reconcile_once(kube: Kube, namespace: str, name: str, pods: list[dict[str, Any]] | None = None,
+                   objects: frozenset[str] | None = None) -> float:
     """One pass for one job. Returns seconds until the next pass unless something wakes it earlier.
-    `pods`: the job's pods from the watch-fed index; None lists them from the API."""
+    `pods` and `objects` ("Kind/name" of the other children): from the watch-fed indexes; None lists them."""
     raw = kube.get_job(namespace, name)
     if raw is None or raw["metadata"].get("deletionTimestamp"):
         return IDLE_REQUEUE_S
@@ -118,7 +139,8 @@ def reconcile_once(kube: Kube, namespace: str, name: str, pods: list[dict[str, A
     with_policies = bool((_config.get("networkPolicy") or {}).get("enabled"))
     if pods is None:
         pods = kube.list_pods(namespace, name)
-    objects = kube.list_other_children(namespace, name, network_policies=with_policies)
+    if objects is None:
+        objects = kube.list_other_children(namespace, name, network_policies=with_policies)
     prog = None
     phase = old_status.get("phase")
     key = (namespace, name)
@@ -197,7 +219,7 @@ def _record_error(kube: Kube, namespace: str, name: str, err: Exception) -> None
 
 @kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, cancellation_timeout=10.0)
 async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopped,
-                     job_pods: kopf.Index[Any, Any] | None = None, **_: Any) -> None:
+                     job_pods: kopf.Index[Any, Any] | None = None, **kwargs: Any) -> None:
     namespace = namespace or "default"
     key = (namespace, name)
     wake = _wakers.setdefault(key, asyncio.Event())
@@ -211,8 +233,9 @@ async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopp
                 wake.clear()  # before the pass: an event during it triggers another
                 # Copied here, on the event loop that updates the index, not in the worker thread.
                 pods = None if job_pods is None else list(job_pods.get(key, []))
+                objects = _indexed_children(kwargs, key)
                 try:
-                    wait = await loop.run_in_executor(None, reconcile_once, kube, namespace, name, pods)
+                    wait = await loop.run_in_executor(None, reconcile_once, kube, namespace, name, pods, objects)
                     if failures:
                         await loop.run_in_executor(None, _clear_error, kube, namespace, name)
                     failures = 0
@@ -247,6 +270,16 @@ async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopp
         _training.pop(key, None)
 
 
+def _indexed_children(kwargs: Mapping[str, Any], key: tuple[str, str]) -> frozenset[str] | None:
+    """The job's non-pod children from the indexes, or None (list them) when an index is not there."""
+    ids = [f"job_{p}" for p in _CHILD_INDEXES]
+    if (_config.get("networkPolicy") or {}).get("enabled"):
+        ids.append(f"job_{_POLICY_INDEX[0]}")
+    if not all(i in kwargs for i in ids):
+        return None
+    return frozenset(v for i in ids for v in kwargs[i].get(key, []))
+
+
 def _clear_error(kube: Kube, namespace: str, name: str) -> None:
     raw = kube.get_job(namespace, name)
     if raw is None:
@@ -268,6 +301,10 @@ def run_operator(
     )
     if metrics_port:
         start_metrics_server(metrics_port)
+    if (config.get("networkPolicy") or {}).get("enabled"):
+        plural, kind = _POLICY_INDEX
+        kopf.index("networking.k8s.io", "v1", plural, id=f"job_{plural}",
+                   labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})(_child_indexer(kind))  # fmt: skip
     kopf.configure(verbose=verbose)
     kopf.run(
         standalone=True,
