@@ -124,8 +124,9 @@ through one Role per watched namespace. Every verb is used by the operator; noth
   verbs: ["get"]
 # Per-job children: the headless Service (stable rank DNS names), ConfigMap {job}-config (config.json,
 # hostfile) and Secret {job}-ssh (MPI keys). Never edited in place: the operator creates them, lists
-# them by the job's labels, reads one back after a 409 to check that the job owns it, and deletes on
-# clean-up (the garbage collector also removes them with the job, through owner references).
+# and watches them (label-filtered, for its in-memory indexes), reads one back after a 409 to check
+# that the job owns it, and deletes on clean-up (the garbage collector also removes them with the job,
+# through owner references).
 - apiGroups: [""]
   resources: ["services", "configmaps", "secrets"]
   verbs: ["get", "list", "watch", "create", "delete"]
