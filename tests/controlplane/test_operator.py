@@ -7,8 +7,8 @@ import copy
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
 from kubernetes import client
 from operator_support import NO_KUBELET, Kubelet, NodeLogs, install_crd, is_subset, job_yaml, running_operator
 
+from finetune_operator.handlers import ERROR_BACKOFF_S
 from finetune_operator.k8s import Kube
 from finetune_runtime.progress import format_line
 from ftjob_cluster.testing import Cluster
@@ -181,11 +182,18 @@ def test_foreign_object_error_shows_in_status(operator: Path, kubectl: Any, kube
     assert "ConfigMap" in st["message"] and "not controlled by this FineTuneJob" in st["message"]
     assert any(c["type"] == "ReconcileError" and c["status"] == "True" for c in st["conditions"])
     # Failing passes back off (1, 2, 5, 10, 30 s) although each one's status patch is a watch event that
-    # would wake the daemon at once.
-    time.sleep(6)
-    # (The log carries each record twice, in kopf's format too; count one format.)
-    failures = operator.read_text().count(f"ERROR finetune_operator: reconcile of {namespace}/clash failed")
-    assert 1 <= failures <= 6, f"{failures} failed passes in ~6 s: the error backoff is not honoured"
+    # would wake the daemon at once: the first three failures are at least 1 s and 2 s apart.
+    # (The log carries each record twice, in kopf's format too; read one format.)
+    marker = f" ERROR finetune_operator: reconcile of {namespace}/clash failed"
+
+    def failure_times() -> list[datetime] | None:
+        times = [datetime.strptime(line.split(marker)[0], "%Y-%m-%d %H:%M:%S,%f")
+                 for line in operator.read_text().splitlines() if line.endswith(marker)]  # fmt: skip
+        return times if len(times) >= 3 else None
+
+    times = wait_for(failure_times, timeout=30, message="three failed passes")
+    gaps = [(times[1] - times[0]).total_seconds(), (times[2] - times[1]).total_seconds()]
+    assert gaps[0] >= ERROR_BACKOFF_S[0] and gaps[1] >= ERROR_BACKOFF_S[1], f"{gaps}: the error backoff is ignored"
     # Removing the clash lets the job recover on its own.
     client.CoreV1Api(kube_api).delete_namespaced_config_map("clash-config", namespace)
 
