@@ -20,6 +20,7 @@ from . import progress
 from .admission import validate
 from .api.validation import InvalidSpec
 from .builders.layout import launcher_of
+from .builders.names import Names
 from .k8s import Kube
 from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, start_metrics_server
 from .reconcile import Observed, Plan, iso, reconcile, set_condition
@@ -27,12 +28,14 @@ from .sshkeys import generate_keys
 
 log = logging.getLogger("finetune_operator")
 
-# A full pass (GET the job, LIST its children) runs when a watch event on the job or one of its pods wakes
-# the daemon, and at least this often as a safety net for what no watch reports (a child Service deleted).
+# A full pass (GET the job; children come from the watch-fed indexes) runs when a watch event on the job or
+# one of its pods wakes the daemon, and at least this often as a safety net for what wakes nothing (a child
+# Service deleted by hand).
 IDLE_REQUEUE_S = 30.0
 # While training, rank 0's log is read this often; between full passes that is the only request, plus a
 # status patch when the progress changed (benchmarks/README.md: requests per job per minute).
 PROGRESS_EVERY_S = 10.0
+_FOLLOWED = ("Running", "Precompiling")  # phases whose progress is read from rank 0's log
 ERROR_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 _config: dict[str, Any] = {}
@@ -41,6 +44,14 @@ _progress_read_at: dict[tuple[str, str], float] = {}
 # Jobs whose progress is being followed: the job and the status this daemon last wrote (it is the only writer
 # of the status, so this is what the API holds).
 _training: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+# Every object the operator makes carries this label; its watches ask the API server for these only.
+_OURS = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
+
+
+def _network_policies(config: Mapping[str, Any]) -> bool:
+    """Whether the operator makes (and so may read and watch) a NetworkPolicy per job."""
+    return bool((config.get("networkPolicy") or {}).get("enabled"))
 
 
 def _wake(namespace: str | None, name: str | None) -> None:
@@ -56,15 +67,15 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=c.GROUP, key="last-handled-configuration"
     )
     settings.posting.enabled = False  # we post our own events with reasons of our own
-    # Server-side: the API server streams only our pods. The handler's `labels=` filter alone is applied by
-    # kopf after receiving every pod of the cluster (or of the watched namespaces).
+    # Server-side: the API server streams only our objects. A handler's `labels=` filter alone is applied by
+    # kopf after receiving every object of the kind in the cluster (or in the watched namespaces).
     for plural in ("pods", *_CHILD_INDEXES, _POLICY_INDEX[0]):
-        settings.watching.label_selectors[plural] = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
+        settings.watching.label_selectors[plural] = ",".join(f"{k}={v}" for k, v in _OURS.items())
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
 
 
-@kopf.index("pods", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})
+@kopf.index("pods", labels=_OURS)
 def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
     """(namespace, job) -> its pods, kept current by the pod watch: a pass reads them here, not by a LIST.
 
@@ -91,10 +102,10 @@ def _child_indexer(kind: str) -> Any:
 
 
 for _plural, _kind in _CHILD_INDEXES.items():
-    kopf.index(_plural, id=f"job_{_plural}", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})(_child_indexer(_kind))
+    kopf.index(_plural, id=f"job_{_plural}", labels=_OURS)(_child_indexer(_kind))
 
 
-@kopf.on.event("pods", labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})
+@kopf.on.event("pods", labels=_OURS)
 def _pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
     _wake(namespace, labels.get(c.LABEL_JOB_NAME))
 
@@ -104,13 +115,26 @@ def _job_event(name: str, namespace: str | None, **_: Any) -> None:
     _wake(namespace, name)
 
 
-def _rank0_log_source(job: dict[str, Any]) -> tuple[str, str]:
+def _rank0_log_source(job: dict[str, Any], phase: str | None) -> tuple[str, str]:
     """(pod, container) whose stdout carries global rank 0's progress lines."""
-    name = job["metadata"]["name"]
-    phase = (job.get("status") or {}).get("phase")
-    if launcher_of(job["spec"]) == "mpi":
-        return f"{name}-launcher", c.INIT_PRECOMPILE if phase == "Precompiling" else c.CONTAINER_LAUNCHER
-    return f"{name}-rank-0", c.INIT_PRECOMPILE if phase == "Precompiling" else c.CONTAINER_TRAINER
+    launcher = launcher_of(job["spec"])
+    names = Names.of(job, launcher)
+    if launcher == "mpi":
+        pod, main = names.launcher, c.CONTAINER_LAUNCHER
+    else:
+        pod, main = names.rank_pod(0), c.CONTAINER_TRAINER
+    return pod, c.INIT_PRECOMPILE if phase == "Precompiling" else main
+
+
+def _read_progress(kube: Kube, key: tuple[str, str], job: dict[str, Any],
+                   status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Rank 0's newest progress folded onto status.progress, or None when it is not time to read again (every
+    PROGRESS_EVERY_S) or the log has no progress yet."""
+    if time.monotonic() - _progress_read_at.get(key, 0) < PROGRESS_EVERY_S:
+        return None
+    _progress_read_at[key] = time.monotonic()  # before the read: a failing read must not be retried at once
+    text = kube.log_tail(key[0], *_rank0_log_source(job, status.get("phase")))
+    return progress.from_text(text, status.get("progress")) if text else None
 
 
 def reconcile_once(kube: Kube, namespace: str, name: str, pods: list[dict[str, Any]] | None = None,
@@ -136,31 +160,23 @@ def reconcile_once(kube: Kube, namespace: str, name: str, pods: list[dict[str, A
         return IDLE_REQUEUE_S
     job["status"] = raw.get("status") or {}
 
-    with_policies = bool((_config.get("networkPolicy") or {}).get("enabled"))
     if pods is None:
         pods = kube.list_pods(namespace, name)
     if objects is None:
-        objects = kube.list_other_children(namespace, name, network_policies=with_policies)
-    prog = None
-    phase = old_status.get("phase")
+        objects = kube.list_other_children(namespace, name, network_policies=_network_policies(_config))
     key = (namespace, name)
-    if phase in ("Running", "Precompiling") and time.monotonic() - _progress_read_at.get(key, 0) >= PROGRESS_EVERY_S:
-        _progress_read_at[key] = time.monotonic()
-        text = kube.log_tail(namespace, *_rank0_log_source(job))
-        if text:
-            prog = progress.from_text(text, old_status.get("progress"))
+    prog = _read_progress(kube, key, job, old_status) if old_status.get("phase") in _FOLLOWED else None
     # Cheap (one ed25519 pair); only used when the job's immutable Secret does not exist yet.
     keys = generate_keys(name) if launcher_of(job["spec"]) == "mpi" else None
     plan = reconcile(job, Observed(pods, objects, now, prog, keys), _config)
     apply(kube, job, old_status, plan)
     RECONCILES.inc()
-    if plan.delete_job:
-        _training.pop(key, None)
-        return IDLE_REQUEUE_S
-    if plan.status.get("phase") in ("Running", "Precompiling"):
+    if plan.status.get("phase") in _FOLLOWED and not plan.delete_job:
         _training[key] = (job, plan.status)
     else:
         _training.pop(key, None)
+    if plan.delete_job:
+        return IDLE_REQUEUE_S
     wait = IDLE_REQUEUE_S
     if plan.requeue_after is not None:
         wait = min(wait, max(0.5, plan.requeue_after))
@@ -171,12 +187,10 @@ def refresh_progress(kube: Kube, namespace: str, name: str) -> None:
     """Between full passes: read rank 0's log tail and patch status.progress alone when it changed."""
     key = (namespace, name)
     followed = _training.get(key)
-    if followed is None or time.monotonic() - _progress_read_at.get(key, 0) < PROGRESS_EVERY_S:
+    if followed is None:
         return
     job, status = followed
-    _progress_read_at[key] = time.monotonic()  # before the read: a failing read must not be retried at once
-    text = kube.log_tail(namespace, *_rank0_log_source({**job, "status": status}))
-    prog = progress.from_text(text, status.get("progress")) if text else None
+    prog = _read_progress(kube, key, job, status)
     if prog is None or prog == status.get("progress"):
         return
     new = {**status, "progress": prog}
@@ -273,7 +287,7 @@ async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopp
 def _indexed_children(kwargs: Mapping[str, Any], key: tuple[str, str]) -> frozenset[str] | None:
     """The job's non-pod children from the indexes, or None (list them) when an index is not there."""
     ids = [f"job_{p}" for p in _CHILD_INDEXES]
-    if (_config.get("networkPolicy") or {}).get("enabled"):
+    if _network_policies(_config):
         ids.append(f"job_{_POLICY_INDEX[0]}")
     if not all(i in kwargs for i in ids):
         return None
@@ -301,10 +315,9 @@ def run_operator(
     )
     if metrics_port:
         start_metrics_server(metrics_port)
-    if (config.get("networkPolicy") or {}).get("enabled"):
+    if _network_policies(config):
         plural, kind = _POLICY_INDEX
-        kopf.index("networking.k8s.io", "v1", plural, id=f"job_{plural}",
-                   labels={c.LABEL_MANAGED_BY: c.MANAGED_BY})(_child_indexer(kind))  # fmt: skip
+        kopf.index("networking.k8s.io", "v1", plural, id=f"job_{plural}", labels=_OURS)(_child_indexer(kind))
     kopf.configure(verbose=verbose)
     kopf.run(
         standalone=True,

@@ -33,6 +33,11 @@ class ForeignObject(RuntimeError):
     """A child's deterministic name is taken by an object this job does not control."""
 
 
+def _children_of(job: str) -> str:
+    """Label selector of a job's children."""
+    return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB_NAME}={job}"
+
+
 def _namespace_terminating(e: ApiException) -> bool:
     try:
         causes = (json.loads(e.body or "{}").get("details") or {}).get("causes") or []
@@ -110,13 +115,12 @@ class Kube:
 
     def list_pods(self, ns: str, job: str) -> list[dict[str, Any]]:
         """The job's pods (the operator normally reads them from its watch-fed index instead)."""
-        sel = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB_NAME}={job}"
-        return [self._plain(p) for p in self.core.list_namespaced_pod(ns, label_selector=sel).items]
+        return [self._plain(p) for p in self.core.list_namespaced_pod(ns, label_selector=_children_of(job)).items]
 
     def list_other_children(self, ns: str, job: str, network_policies: bool = False) -> frozenset[str]:
         """"Kind/name" of the job's children other than pods (NetworkPolicies only when the operator makes
         them: otherwise its RBAC has no reason to read them)."""
-        sel = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB_NAME}={job}"
+        sel = _children_of(job)
         names = set()
         listers: list[tuple[str, Any]] = [
             ("Service", self.core.list_namespaced_service),
