@@ -23,11 +23,9 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,20 +37,25 @@ from kubernetes import client, config
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "cluster"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The integration tests' helpers: the operator started and the CRD installed exactly as the tests do it.
+sys.path.insert(0, str(ROOT / "tests" / "controlplane"))
 from auditlog import count_requests, policy_for_user, watch_uris  # noqa: E402
+from operator_support import Kubelet, install_crd, running_operator  # noqa: E402
 
 from finetune_operator.admission import validate  # noqa: E402
 from finetune_operator.builders import desired  # noqa: E402
+from finetune_operator.k8s import Kube  # noqa: E402
 from finetune_operator.sshkeys import generate_keys  # noqa: E402
+from ftjob_cluster import bins  # noqa: E402
 from ftjob_cluster.localcluster import (  # noqa: E402
     Etcd,
     KubeApiserver,
     KubeControllerManager,
     KubeScheduler,
     LocalCluster,
-    free_port,
     wait_for,
 )
+from ftjob_cluster.testing import make_kubectl  # noqa: E402
 
 OPERATOR_USER = "bench-operator"
 RAW_THREADS = 8
@@ -83,24 +86,14 @@ class Bench:
         self.api = config.new_client_from_config(str(cluster.kubeconfig))
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
-        self.kubectl = str(ROOT / "tools" / "cluster" / "bin" / "ftjob-tool")
-
-    def sh(self, *args: str, stdin: str | None = None) -> str:
-        binary = subprocess.run([self.kubectl, "kubectl"], capture_output=True, text=True, check=True).stdout.strip()
-        proc = subprocess.run([binary, f"--kubeconfig={self.cluster.kubeconfig}", *args], input=stdin,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
-        if proc.returncode:
-            raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr}")
-        return proc.stdout
+        self.kubectl = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)
 
     def install(self) -> Path:
-        crd = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "crd"], capture_output=True, text=True,
-                             check=True).stdout  # fmt: skip
-        self.sh("apply", "--server-side", "-f", "-", stdin=crd)
-        self.sh("wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=60s")
-        self.sh("apply", "-f", str(ROOT / "manifests" / "rbac" / "rbac.yaml"))
+        install_crd(self.kubectl, wait_for)
+        self.kubectl("apply", "-f", str(ROOT / "manifests" / "rbac" / "rbac.yaml"))
         for role in ("finetune-operator", "finetune-operator-cluster"):
-            self.sh("create", "clusterrolebinding", f"bench-{role}", f"--clusterrole={role}", f"--user={OPERATOR_USER}")
+            self.kubectl("create", "clusterrolebinding", f"bench-{role}", f"--clusterrole={role}",
+                         f"--user={OPERATOR_USER}")  # fmt: skip
         assert self.cluster.ctx is not None
         return self.cluster.ctx.write_kubeconfig("bench-operator", OPERATOR_USER)
 
@@ -125,42 +118,16 @@ class Bench:
             for obj in children.all():
                 obj["metadata"].pop("ownerReferences", None)  # no such owner exists; GC would remove them
                 objs.append(obj)
-        api = client.ApiClient(self.api.configuration)
-        core = client.CoreV1Api(api)
-
-        def create(obj: dict[str, Any]) -> None:
-            kind = obj["kind"]
-            fn = {"Pod": core.create_namespaced_pod, "Service": core.create_namespaced_service,
-                  "ConfigMap": core.create_namespaced_config_map, "Secret": core.create_namespaced_secret}[kind]
-            fn(ns, obj)
+        kube = Kube(client.ApiClient(self.api.configuration))  # the operator's own create path
 
         start = time.monotonic()
         with ThreadPoolExecutor(RAW_THREADS) as pool:
-            list(pool.map(create, objs))
+            list(pool.map(kube.create, objs))
         seconds = time.monotonic() - start
         return {"objects": len(objs), "seconds": round(seconds, 3), "objectsPerSecond": round(len(objs) / seconds, 1),
                 "threads": RAW_THREADS}  # fmt: skip
 
     # --- 2. operator ---------------------------------------------------------------------------------------
-    def start_operator(self, kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
-        health = free_port()
-        ftjob = str(Path(sys.executable).with_name("ftjob"))
-        proc = subprocess.Popen([ftjob, "operator", "--metrics-port", "0", "--health-port", str(health)],
-                                env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=log.open("wb"),
-                                stderr=subprocess.STDOUT)  # fmt: skip
-
-        def healthy() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"operator exited: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=1) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        wait_for(healthy, timeout=60, message="operator /healthz")
-        return proc
-
     def operator(self, jobs: int) -> tuple[dict[str, Any], str]:
         ns = self.namespace("bench-op")
         mark = count_requests(self.audit_log, OPERATOR_USER)
@@ -200,11 +167,9 @@ class Bench:
 
     # --- 3. steady state -------------------------------------------------------------------------------------
     def steady(self, ns: str, jobs: int, window: float) -> dict[str, Any]:
-        running = {"phase": "Running", "containerStatuses": [{
-            "name": "trainer", "ready": True, "restartCount": 0, "image": "x", "imageID": "",
-            "state": {"running": {"startedAt": "2026-12-02T10:00:00Z"}}}]}  # fmt: skip
+        kubelet = Kubelet(self.api, ns, finalize_deletions=False)
         for pod in self.core.list_namespaced_pod(ns, label_selector="finetune.dev/job-name").items:
-            self.core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": running})
+            kubelet.set_status(pod.metadata.name, "Running")
 
         def all_running() -> bool:
             items = self.custom.list_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs")["items"]
@@ -242,16 +207,12 @@ def main() -> int:
         operator_kubeconfig = bench.install()
         results["raw"] = bench.raw(args.jobs)
         print(f"raw: {results['raw']}", flush=True)
-        proc = bench.start_operator(operator_kubeconfig, work / "operator.log")
-        try:
+        with running_operator(operator_kubeconfig, wait_for, work / "operator.log"):
             results["operator"], ns = bench.operator(args.jobs)
             print(f"operator: {results['operator']}", flush=True)
             results["steady"] = bench.steady(ns, args.jobs, args.window)
             print(f"steady: {results['steady']}", flush=True)
             results["watches"] = watch_uris(audit_log, OPERATOR_USER)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     print(report(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
