@@ -202,14 +202,20 @@ OPERATOR_CANNOT = [("create", "finetunejobs.finetune.dev"), ("update", "finetune
                    ("create", "deployments.apps"), ("create", "roles.rbac.authorization.k8s.io")]  # fmt: skip
 
 
-def test_service_account_has_exactly_the_operator_permissions(kubectl: Kubectl, installed: dict[str, str]) -> None:
-    sa = f"system:serviceaccount:{installed['release']}:{FULLNAME}"
+def can_i(kubectl: Kubectl, sa: str) -> Callable[..., bool]:
+    """`can(verb, resource[/subresource], *scope)`: what `kubectl auth can-i --as=<sa>` answers."""
 
     def can(verb: str, resource: str, *scope: str) -> bool:
         resource, _, sub = resource.partition("/")
         extra = [f"--subresource={sub}"] if sub else []
         out = kubectl("auth", "can-i", verb, resource, *extra, f"--as={sa}", *scope, check=False)
         return out.strip() == "yes"
+
+    return can
+
+
+def test_service_account_has_exactly_the_operator_permissions(kubectl: Kubectl, installed: dict[str, str]) -> None:
+    can = can_i(kubectl, f"system:serviceaccount:{installed['release']}:{FULLNAME}")
 
     jobs = ["-n", installed["jobs"]]
     for verb, resource in OPERATOR_CAN:
@@ -414,17 +420,10 @@ def test_namespaced_overlay_confines_the_operator_to_its_namespace(kubectl: Kube
              message="namespace finetune-operator gone before re-creating it")  # fmt: skip
     kubectl("apply", "--server-side", "--force-conflicts", "-k", str(REPO / "manifests" / "overlays" / "namespaced"))
     try:
-        sa = "system:serviceaccount:finetune-operator:finetune-operator"
-
-        def can(verb: str, resource: str, *scope: str) -> bool:
-            return kubectl("auth", "can-i", verb, resource, f"--as={sa}", *scope, check=False).strip() == "yes"
-
+        can = can_i(kubectl, "system:serviceaccount:finetune-operator:finetune-operator")
         # The base is the chart's default render: networkPolicy.enabled is off, so no NetworkPolicy verbs.
         for verb, resource in (p for p in OPERATOR_CAN if not p[1].startswith("networkpolicies")):
-            name, _, sub = resource.partition("/")
-            out = kubectl("auth", "can-i", verb, name, *([f"--subresource={sub}"] if sub else []), f"--as={sa}",
-                          "-n", "ml-team", check=False)  # fmt: skip
-            assert out.strip() == "yes", f"cannot {verb} {resource} in ml-team"
+            assert can(verb, resource, "-n", "ml-team"), f"cannot {verb} {resource} in ml-team"
         for ns in ("default", "kube-system", "finetune-operator"):
             assert not can("create", "pods", "-n", ns), f"can create pods in {ns}"
             assert not can("get", "secrets", "-n", ns), f"can read secrets in {ns}"
