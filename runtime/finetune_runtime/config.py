@@ -26,6 +26,9 @@ class DatasetConfig:
     name: str | None = None
     config: str | None = None
     path: str | None = None
+    # split -> file, URL or glob (hf://datasets/..., local, fsspec); `format` is told from the names when None.
+    data_files: dict[str, str] | None = None
+    format: str | None = None
     train_split: str = "train"
     eval_split: str | None = "validation"
     text_column: str = "text"
@@ -40,13 +43,22 @@ class DatasetConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DatasetConfig:
-        if not d.get("name") and not d.get("path"):
-            raise ConfigError("task.dataset needs either 'name' (hub dataset) or 'path' (local file/dir)")
+        sources = [k for k in ("name", "dataFiles", "path") if d.get(k)]
+        if len(sources) != 1:
+            raise ConfigError("task.dataset needs exactly one of 'name' (hub dataset), 'dataFiles' (files per "
+                              f"split) and 'path' (local file/dir), got {sources or 'none'}")
+        data_files = d.get("dataFiles")
+        if data_files is not None and not (isinstance(data_files, dict)
+                                           and all(isinstance(v, str) and v for v in data_files.values())):
+            raise ConfigError("task.dataset.dataFiles must map split names to a file, URL or glob, e.g. "
+                              "{\"train\": \"hf://datasets/<owner>/<name>/train.jsonl\"}")
         label_map = d.get("labelMap")
         return cls(
             name=d.get("name"),
             config=d.get("config"),
             path=d.get("path"),
+            data_files={str(k): str(v) for k, v in data_files.items()} if data_files else None,
+            format=d.get("format"),
             train_split=d.get("trainSplit") or "train",
             eval_split=d.get("evalSplit", "validation"),
             text_column=d.get("textColumn") or "text",

@@ -1,4 +1,5 @@
-"""Datasets: load (hub name, local file or directory), select/map labels, sample, tokenise, cache.
+"""Datasets: load (hub name, data files per split, local file or directory), select/map labels, sample,
+tokenise, cache.
 
 The tokenised dataset is written once under `$FTJOB_CACHE_DIR/datasets/<key>` (key = dataset + tokenizer +
 lengths + options) by global rank 0 while the other ranks wait at a barrier; they, and later runs, load it.
@@ -17,13 +18,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_runtime.config import QUESTION_ANSWERING, DatasetConfig, TaskConfig
+from finetune_runtime.config import QUESTION_ANSWERING, ConfigError, DatasetConfig, TaskConfig
 
 log = logging.getLogger(__name__)
 
 # Bump when the tokenised layout changes so old cache entries are not reused.
 CACHE_FORMAT_VERSION = 2
 _LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+# Compression suffixes datasets decompresses by itself (the operator's schema lists the same ones).
+_COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 
 
 # --- loading ----------------------------------------------------------------------------------------------
@@ -79,10 +82,50 @@ def flatten_squad(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _format_of(name: str) -> str | None:
+    for comp in _COMPRESSIONS:
+        if name.endswith(comp):
+            name = name[: -len(comp)]
+    return next((fmt for suffix, fmt in _LOCAL_FORMATS.items() if name.endswith(suffix)), None)
+
+
+def data_files_format(ds: DatasetConfig) -> str:
+    """The datasets builder (json, csv, parquet) for `dataFiles`: `format`, else told from the file names."""
+    assert ds.data_files is not None
+    if ds.format:
+        return ds.format
+    formats = {_format_of(f) for f in ds.data_files.values()}
+    if len(formats) != 1 or None in formats:
+        raise ConfigError(f"task.dataset.format cannot be told from the names in task.dataset.dataFiles "
+                          f"{ds.data_files}: set format to json, csv or parquet")
+    return str(formats.pop())
+
+
+def _check_protocols(data_files: dict[str, str]) -> None:
+    """Fail before any download when a URL's fsspec protocol is not installed (s3:// needs s3fs)."""
+    import fsspec  # type: ignore[import-untyped,unused-ignore]
+
+    for split, url in data_files.items():
+        if "://" not in url:
+            continue
+        protocol = url.split("://", 1)[0]
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except (ImportError, ValueError) as e:
+            raise ConfigError(f"task.dataset.dataFiles.{split}: {url} needs the fsspec protocol {protocol!r} "
+                              f"({e}); install its package in the image, or copy the files to a volume and "
+                              f"name them by path") from e
+
+
 def load_raw(ds: DatasetConfig, cache_dir: str | None = None) -> Any:
     """A `datasets.DatasetDict` with at least the train split."""
     import datasets  # type: ignore[import-untyped,unused-ignore]
 
+    if ds.data_files:
+        # One code path for hf://datasets/... URLs, local files and other fsspec URLs: the packaged json/csv/
+        # parquet builders, which also serve hub datasets whose loading script datasets >= 4 no longer runs.
+        _check_protocols(ds.data_files)
+        return datasets.load_dataset(data_files_format(ds), data_files=dict(ds.data_files), cache_dir=cache_dir)
     if ds.path:
         splits: dict[str, Any] = {}
         for split, files in _split_files(ds).items():
@@ -194,11 +237,29 @@ def path_fingerprint(path: str | None) -> str:
     return h.hexdigest()[:16]
 
 
+def _source_label(dataset: dict[str, Any]) -> str:
+    """Readable part of a cache key: the hub name, the local path's name, or the train file's folder (ja)."""
+    if dataset.get("name"):
+        return str(dataset["name"])
+    if dataset.get("path"):
+        return Path(str(dataset["path"])).name
+    files = dataset.get("data_files") or {}
+    train = files.get(dataset.get("train_split") or "train") or next(iter(files.values()), "")
+    return Path(str(train)).parent.name or "data"
+
+
+def data_fingerprint(ds: DatasetConfig) -> str:
+    """path_fingerprint of the local data: `path`, or every `dataFiles` entry that is a local file."""
+    if ds.data_files:
+        return "|".join(path_fingerprint(ds.data_files[split]) for split in sorted(ds.data_files))
+    return path_fingerprint(ds.path)
+
+
 def cache_key(inputs: CacheKeyInputs) -> str:
     """Human-readable prefix + hash of everything that changes the tokenised result."""
     blob = json.dumps(asdict(inputs), sort_keys=True, ensure_ascii=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:20]
-    src = inputs.dataset.get("name") or Path(str(inputs.dataset.get("path") or "data")).name
+    src = _source_label(inputs.dataset)
     tok = Path(inputs.tokenizer.rstrip("/")).name
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{src}-{tok}-{inputs.max_length}")
     return f"{safe}-{digest}"
@@ -210,7 +271,7 @@ def key_inputs(task: TaskConfig, seed: int) -> CacheKeyInputs:
     return CacheKeyInputs(
         task_type=task.type,
         dataset=asdict(ds),
-        data_fingerprint=path_fingerprint(ds.path),
+        data_fingerprint=data_fingerprint(ds),
         tokenizer=tok,
         tokenizer_fingerprint=path_fingerprint(tok) if Path(tok).is_dir() else "",
         max_length=task.max_length,

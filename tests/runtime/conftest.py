@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -39,7 +41,8 @@ class JobConfig:
         # Example configs use repo-relative paths; tests run from tmp dirs.
         task = self.doc["task"]
         task["model"] = str(ROOT / task["model"])
-        task["dataset"]["path"] = str(ROOT / task["dataset"]["path"])
+        if "path" in task["dataset"]:
+            task["dataset"]["path"] = str(ROOT / task["dataset"]["path"])
 
     def training(self, **kw: Any) -> JobConfig:
         self.doc["training"].update(kw)
@@ -60,6 +63,41 @@ class JobConfig:
 
 def job_config(base: Path) -> JobConfig:
     return JobConfig(base)
+
+
+# The Japanese samples' data source (manifests/samples/*bert-ja*.yaml) and the tiny model that stands in for
+# their hub model here.
+HUB_DATASET = "hf://datasets/mteb/amazon_reviews_multi/"
+TINY_BERT_JA = EXAMPLES / "models" / "tiny-bert-ja"
+
+
+def write_hub_layout(root: Path) -> Path:
+    """Our reviews in mteb/amazon_reviews_multi's layout: root/ja/{train,validation}.jsonl, sorted by label."""
+    path = EXAMPLES / "data" / "ja-reviews" / "compose_reviews.py"
+    spec = importlib.util.spec_from_file_location("compose_reviews", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.write_hub_layout(root)
+    return root
+
+
+def sample_config(sample: str, hub_root: Path, path: Path) -> JobConfig:
+    """The config.json the operator puts into the pods of manifests/samples/<sample>.yaml (admission defaults,
+    then the ConfigMap builder), with the Hub dataset's URL prefix pointing at hub_root (the same layout) and
+    the hub model replaced by the tiny one: everything else, recipe included, is the sample's."""
+    from finetune_operator.admission import validate
+    from finetune_operator.builders import desired
+
+    job = validate(yaml.safe_load((ROOT / "manifests" / "samples" / f"{sample}.yaml").read_text()))
+    cm = next(o for o in desired(job).objects if o["kind"] == "ConfigMap")
+    doc = json.loads(cm["data"]["config.json"])
+    files = doc["task"]["dataset"]["dataFiles"]
+    assert all(url.startswith(HUB_DATASET) for url in files.values()), files
+    doc["task"]["dataset"]["dataFiles"] = {s: str(hub_root) + "/" + url[len(HUB_DATASET):] for s, url in files.items()}
+    doc["task"]["model"] = str(TINY_BERT_JA)
+    path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    return JobConfig(path)
 
 
 @dataclass

@@ -13,6 +13,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "manifests" / "samples").glob("*.yaml"))
+HUB_JA = "hf://datasets/mteb/amazon_reviews_multi/ja/"
 
 
 def load_sample(name: str) -> dict[str, Any]:
@@ -68,6 +69,16 @@ class JobBuilder:
             "labels": ["negative", "positive"],
         }
         self.obj["spec"].setdefault("output", {"claimName": "results", "path": "out"})
+        return self
+
+    def data_files(self, fmt: str | None = None, **files: str) -> JobBuilder:
+        """Replace the classification dataset's source by dataFiles (split=file), in the Hub's layout."""
+        ds = self.obj["spec"]["task"]["dataset"]
+        for source in ("name", "config", "path"):
+            ds.pop(source, None)
+        ds["dataFiles"] = files or {"train": HUB_JA + "train.jsonl", "validation": HUB_JA + "validation.jsonl"}
+        if fmt:
+            ds["format"] = fmt
         return self
 
     def qa(self, model: str = "tiny-distilbert") -> JobBuilder:
@@ -174,7 +185,32 @@ BAD_SPECS: list[BadSpec] = [
     BadSpec("output-claim-and-url", "spec.output.claimName",
             _set("spec.output", {"claimName": "r", "url": "s3://b/p"})),
     BadSpec("output-bad-url", "spec.output.url", _set("spec.output", {"url": "gs://bucket/x"})),
-    BadSpec("dataset-name-and-path", "spec.task.dataset.name", _set("spec.task.dataset.name", "squad")),
+    BadSpec("dataset-name-and-path", "spec.task.dataset", _set("spec.task.dataset.name", "squad")),
+    BadSpec("dataset-path-and-data-files", "spec.task.dataset",
+            _set("spec.task.dataset.dataFiles", {"train": HUB_JA + "train.jsonl"})),
+    BadSpec("dataset-without-source", "spec.task.dataset", _del("spec.task.dataset.path")),
+    BadSpec("dataset-config-without-name", "spec.task.dataset.config", _set("spec.task.dataset.config", "ja")),
+    BadSpec("data-files-empty", "spec.task.dataset.dataFiles",
+            _both(_del("spec.task.dataset.path"), _set("spec.task.dataset.dataFiles", {}))),
+    BadSpec("data-files-list-value", "spec.task.dataset.dataFiles.train",
+            _both(_del("spec.task.dataset.path"), _set("spec.task.dataset.dataFiles", {"train": ["a.jsonl"]}))),
+    BadSpec("data-files-bad-split-name", "spec.task.dataset.dataFiles",
+            _both(_del("spec.task.dataset.path"),
+                  _set("spec.task.dataset.dataFiles", {"train": "t.jsonl", "dev set": "d.jsonl"}))),
+    BadSpec("data-files-without-train-split", "spec.task.dataset.dataFiles",
+            _both(_del("spec.task.dataset.path"), _set("spec.task.dataset.dataFiles", {"validation": "v.jsonl"}))),
+    BadSpec("data-files-eval-split-missing", "spec.task.dataset.evalSplit",
+            _both(_del("spec.task.dataset.path"), _set("spec.task.dataset.dataFiles", {"train": "t.jsonl"}),
+                  _set("spec.task.dataset.evalSplit", "validation"))),
+    BadSpec("data-files-unknown-extension", "spec.task.dataset.format",
+            _both(_del("spec.task.dataset.path"), _set("spec.task.dataset.dataFiles", {"train": "t.txt"}))),
+    BadSpec("data-files-mixed-formats", "spec.task.dataset.format",
+            _both(_del("spec.task.dataset.path"),
+                  _set("spec.task.dataset.dataFiles", {"train": "t.jsonl", "validation": "v.csv"}))),
+    BadSpec("data-files-unknown-format", "spec.task.dataset.format",
+            _both(_del("spec.task.dataset.path"), _set("spec.task.dataset.dataFiles", {"train": "t.jsonl"}),
+                  _set("spec.task.dataset.format", "arrow"))),
+    BadSpec("format-with-path", "spec.task.dataset.format", _set("spec.task.dataset.format", "json")),
     BadSpec("classification-without-label", "spec.task.dataset.textColumn", _del("spec.task.dataset.labelColumn")),
     BadSpec("label-id-without-name", "spec.task.dataset.labelMap",
             _set("spec.task.dataset.labelMap", {"1": 0, "5": 2})),

@@ -97,3 +97,30 @@ def test_validation_is_total_and_consistent_with_render(profile, nodes, procs, p
     children = desired(job, ssh_keys=generate_keys("job"))
     assert len(children.pods) >= children.layout.nodes
     assert children.layout.procs_per_node >= 1
+
+
+@pytest.mark.parametrize("files", [
+    {},  # the Hub's ja JSONL files, as the samples name them
+    {"train": "data/ja/train.jsonl.gz"},
+    {"train": "hf://datasets/o/n@main/data/train-*.parquet", "test": "hf://datasets/o/n@main/data/test-*.parquet"},
+    {"train": "/data/train.csv", "validation.small": "/data/validation.csv"},
+])
+def test_data_files_accepted(files: dict[str, str]) -> None:
+    job = validate(make_job().classification().data_files(**files).build())
+    ds = job["spec"]["task"]["dataset"]
+    assert "path" not in ds and ds["dataFiles"] and ds["trainSplit"] == "train"
+
+
+def test_data_files_with_explicit_format_need_no_extension() -> None:
+    validate(make_job().classification().data_files("csv", train="s3://bucket/reviews/train").build())
+
+
+def test_render_rejects_bad_data_files_naming_the_field(tmp_path) -> None:
+    job = make_job().classification().data_files(validation="v.jsonl").build()
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    r = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout == ""
+    assert "spec.task.dataset.dataFiles: spec.task.dataset.dataFiles must have an entry for the train split" \
+        in r.stderr

@@ -5,10 +5,16 @@ Every sentence below was written by hand for its category and rating; a review j
 remarks about the product and a closing of matching tone, so reviews vary in length and content while each
 still reads as one person's review. Deterministic (seeded): `python compose_reviews.py` rewrites the same
 files, and tests/runtime checks that the committed files match this script.
+
+`python compose_reviews.py --hub-layout DIR` writes the same reviews in the layout of the Hub's
+mteb/amazon_reviews_multi instead: DIR/ja/{train,validation}.jsonl with `id`, `text`, `label` (stars - 1) and
+`label_text`, sorted by label as the Hub's files are. Pointing a sample's dataFiles at DIR instead of
+hf://datasets/mteb/amazon_reviews_multi runs it offline through the same loading code.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from pathlib import Path
@@ -225,7 +231,33 @@ def render(rows: list[dict[str, object]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
+def hub_rows(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Rows as mteb/amazon_reviews_multi's JSONL files carry them: label = stars - 1, sorted by label (stable)."""
+    out = [{"id": f"ja_{r['review_id']}", "text": r["review_body"], "label": int(str(r["stars"])) - 1,
+            "label_text": str(int(str(r["stars"])) - 1)} for r in rows]
+    return sorted(out, key=lambda r: int(str(r["label"])))
+
+
+def write_hub_layout(root: Path, lang: str = "ja") -> dict[str, Path]:
+    """root/<lang>/{train,validation}.jsonl in the Hub's layout; returns {split: file}."""
+    train, validation = compose()
+    (root / lang).mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, rows in (("train", train), ("validation", validation)):
+        files[split] = root / lang / f"{split}.jsonl"
+        files[split].write_text(render(hub_rows(rows)), encoding="utf-8")
+    return files
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hub-layout", type=Path, metavar="DIR",
+                        help="write DIR/ja/{train,validation}.jsonl in mteb/amazon_reviews_multi's layout instead")
+    args = parser.parse_args()
+    if args.hub_layout:
+        files = write_hub_layout(args.hub_layout)
+        print(f"wrote {', '.join(str(f) for f in files.values())}")
+        return
     train, validation = compose()
     (HERE / "train.jsonl").write_text(render(train), encoding="utf-8")
     (HERE / "validation.jsonl").write_text(render(validation), encoding="utf-8")

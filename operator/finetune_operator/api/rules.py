@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .schema import DATA_FILE_COMPRESSIONS, DATA_FILE_SUFFIXES
+
 Obj = dict[str, Any]
 
 
@@ -29,6 +31,16 @@ class Rule:
     def path(self) -> str:
         """Absolute field path for messages, e.g. spec.task."""
         return (self.scope + self.field).lstrip(".")
+
+
+# datasets' own rule for split names (datasets.splits: `^\w+(\.\w+)*$`), spelled without backslashes so the
+# same text is valid in CEL and in the CRD's YAML.
+_SPLIT_NAME = "^[A-Za-z0-9_]+([.][A-Za-z0-9_]+)*$"
+# format -> file-name pattern (unanchored at the start, like CEL's matches()).
+_FORMAT_PATTERNS = {
+    fmt: f"[.]({'|'.join(suffixes)})([.]({'|'.join(DATA_FILE_COMPRESSIONS)}))?$"
+    for fmt, suffixes in DATA_FILE_SUFFIXES.items()
+}
 
 
 def _has(o: Obj | None, *keys: str) -> bool:
@@ -142,13 +154,72 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             lambda o: not _has(o, "path") or ".." not in str(o["path"]).split("/"),
         ),
         Rule(
-            "dataset-name-xor-path",
+            "dataset-one-source",
             "spec.task.dataset",
-            "has(self.name) != has(self.path)",
-            ".name",
-            "set exactly one of spec.task.dataset.name (a hub dataset) and spec.task.dataset.path (a file or "
-            "directory)",
-            lambda d: _has(d, "name") != _has(d, "path"),
+            "(has(self.name) ? 1 : 0) + (has(self.dataFiles) ? 1 : 0) + (has(self.path) ? 1 : 0) == 1",
+            "",
+            "set exactly one of spec.task.dataset.name (a hub dataset), spec.task.dataset.dataFiles (files per "
+            "split, e.g. {train: hf://datasets/<owner>/<name>/train.jsonl}) and spec.task.dataset.path (a file "
+            "or directory in the pod)",
+            lambda d: [_has(d, "name"), _has(d, "dataFiles"), _has(d, "path")].count(True) == 1,
+        ),
+        Rule(
+            "dataset-config-needs-name",
+            "spec.task.dataset",
+            "!has(self.config) || has(self.name)",
+            ".config",
+            "spec.task.dataset.config selects a configuration of the hub dataset in spec.task.dataset.name; with "
+            "dataFiles or path, remove it (name the files of that configuration instead)",
+            lambda d: not _has(d, "config") or _has(d, "name"),
+        ),
+        Rule(
+            "data-files-split-names",
+            "spec.task.dataset",
+            f"!has(self.dataFiles) || self.dataFiles.all(k, k.matches('{_SPLIT_NAME}'))",
+            ".dataFiles",
+            "spec.task.dataset.dataFiles keys are split names: letters, digits and '_' (dot-separated parts "
+            "allowed), e.g. train, validation, test",
+            lambda d: not _has(d, "dataFiles") or all(re.search(_SPLIT_NAME, k) for k in d["dataFiles"]),
+        ),
+        Rule(
+            "data-files-have-train-split",
+            "spec.task.dataset",
+            "!has(self.dataFiles) || (has(self.trainSplit) ? self.trainSplit : 'train') in self.dataFiles",
+            ".dataFiles",
+            "spec.task.dataset.dataFiles must have an entry for the train split (spec.task.dataset.trainSplit, "
+            "default train): add it, or set trainSplit to one of its keys",
+            lambda d: not _has(d, "dataFiles") or d.get("trainSplit", "train") in d["dataFiles"],
+        ),
+        Rule(
+            "data-files-have-eval-split",
+            "spec.task.dataset",
+            "!has(self.dataFiles) || !has(self.evalSplit) || self.evalSplit in self.dataFiles",
+            ".evalSplit",
+            "spec.task.dataset.evalSplit must be a key of spec.task.dataset.dataFiles: add its files, or remove "
+            "evalSplit to evaluate on a seeded tenth of the train split",
+            lambda d: not _has(d, "dataFiles") or not _has(d, "evalSplit") or d["evalSplit"] in d["dataFiles"],
+        ),
+        Rule(
+            "data-files-format",
+            "spec.task.dataset",
+            "!has(self.dataFiles) || has(self.format) || "
+            + " || ".join(f"self.dataFiles.all(k, self.dataFiles[k].matches('{pat}'))"
+                          for pat in _FORMAT_PATTERNS.values()),
+            ".format",
+            "spec.task.dataset.format cannot be told from the names in spec.task.dataset.dataFiles: set format "
+            "to json, csv or parquet (told from the extension only when every file ends in .jsonl/.json, every "
+            "one in .csv or every one in .parquet, optionally followed by .gz, .bz2, .xz or .zst)",
+            lambda d: not _has(d, "dataFiles") or _has(d, "format")
+            or any(all(re.search(pat, str(f)) for f in d["dataFiles"].values()) for pat in _FORMAT_PATTERNS.values()),
+        ),
+        Rule(
+            "format-needs-data-files",
+            "spec.task.dataset",
+            "!has(self.format) || has(self.dataFiles)",
+            ".format",
+            "spec.task.dataset.format applies to spec.task.dataset.dataFiles only (path tells each file's format "
+            "from its extension): remove format",
+            lambda d: not _has(d, "format") or _has(d, "dataFiles"),
         ),
         Rule(
             "classification-columns",
@@ -157,7 +228,7 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             "has(self.dataset.labelColumn))",
             ".dataset.textColumn",
             "text-classification needs spec.task.dataset.textColumn and spec.task.dataset.labelColumn (e.g. "
-            "review_body and stars)",
+            "text and label)",
             lambda t: t.get("type") != "text-classification"
             or (_has(t, "dataset", "textColumn") and _has(t, "dataset", "labelColumn")),
         ),

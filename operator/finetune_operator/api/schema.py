@@ -134,30 +134,64 @@ MPI = _o(
     },
 )
 
+# Suffixes `format` is told from when absent (read by rules.py's data-files-format rule and the runtime's
+# finetune_runtime.data.data_files_format); a compression suffix may follow.
+DATA_FILE_FORMATS = ("json", "csv", "parquet")
+DATA_FILE_SUFFIXES = {"json": ("jsonl", "json"), "csv": ("csv",), "parquet": ("parquet",)}
+DATA_FILE_COMPRESSIONS = ("gz", "bz2", "xz", "zst")
+
 DATASET = _o(
-    "Training data: a hub dataset name, or a path (file or directory; jsonl, json, csv, parquet) inside the "
-    "image or on a mounted volume.",
+    "Training data, from exactly one source: name (a Hugging Face hub dataset with a loader datasets can run), "
+    "dataFiles (data files per split: hf://datasets/..., local paths, or other fsspec URLs), or path (a file or "
+    "directory inside the image or on a mounted volume; jsonl, json, csv, parquet).",
     {
-        "name": _s("Hugging Face hub dataset, e.g. amazon_reviews_multi or squad.", maxLength=256),
-        "config": _s("Dataset configuration, e.g. ja.", maxLength=128),
-        "path": _s("Local file or directory; relative paths are relative to the working directory.", maxLength=1024),
+        "name": _s("Hugging Face hub dataset, e.g. squad. Datasets that only ship a legacy loading script (e.g. "
+                   "mteb/amazon_reviews_multi) do not load by name with datasets 4 or newer: use dataFiles.",
+                   maxLength=256),
+        "config": _s("Dataset configuration of a hub dataset (with name), e.g. plain_text.", maxLength=128),
+        "dataFiles": {
+            "type": "object",
+            "description": "Data files by split name, loaded with datasets.load_dataset(format, data_files=...), "
+            "e.g. {train: hf://datasets/mteb/amazon_reviews_multi/ja/train.jsonl, validation: "
+            "hf://datasets/mteb/amazon_reviews_multi/ja/validation.jsonl}. Each value is one file, URL or glob "
+            "pattern: hf://datasets/<owner>/<name>/<file> (a token from hfTokenSecretRef is used for gated or "
+            "private repositories), a local path (relative to the working directory), or another fsspec URL "
+            "such as s3://bucket/key when the image has that protocol's package (s3fs is not in the shipped "
+            "images). Must contain trainSplit (and evalSplit when set). Records, not SQuAD's nested JSON: use "
+            "path for that.",
+            "additionalProperties": {"type": "string", "minLength": 1, "maxLength": 1024},
+            "minProperties": 1,
+            "maxProperties": 16,
+        },
+        "format": _s(
+            "Format of the dataFiles: json (JSON lines or a JSON array of records), csv or parquet. Default: told "
+            "from the files' extension (.jsonl/.json, .csv, .parquet, optionally compressed .gz/.bz2/.xz/.zst), "
+            "which must then be the same for every split.",
+            enum=list(DATA_FILE_FORMATS),
+        ),
+        "path": _s("Local file or directory; relative paths are relative to the working directory. In a "
+                   "directory, each file's name up to the first '.' or '-' is its split (train.jsonl -> train).",
+                   maxLength=1024),
         "trainSplit": _s("Split to train on.", maxLength=64, default="train"),
-        "evalSplit": _s("Split to evaluate on; when absent, a seeded slice of the train split.", maxLength=64),
+        "evalSplit": _s("Split to evaluate on; when absent or not in the data, a seeded tenth of the train split "
+                        "(runtime default: validation).", maxLength=64),
         "textColumn": _s("Column with the text (text-classification).", maxLength=128),
         "textPairColumn": _s("Optional second text column (sentence pairs).", maxLength=128),
         "labelColumn": _s("Column with the label (text-classification).", maxLength=128),
         "labelMap": {
             "type": "object",
             "description": "Maps raw label values (as strings) to class ids. Rows whose label is not a key are "
-            "dropped, e.g. {'1': 0, '2': 0, '4': 1, '5': 1} drops 3-star reviews.",
+            "dropped, e.g. {'0': 0, '1': 0, '3': 1, '4': 1} on mteb/amazon_reviews_multi (label = stars - 1) "
+            "makes 1-2 stars negative, 4-5 positive and drops 3 stars.",
             "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 1023},
             "maxProperties": 1024,
         },
         "questionColumn": _s("Question column (question-answering).", maxLength=128, default="question"),
         "contextColumn": _s("Context column (question-answering).", maxLength=128, default="context"),
         "answersColumn": _s("SQuAD-style answers column (question-answering).", maxLength=128, default="answers"),
-        "trainSamples": _i("Seeded sample of this many training rows (after label mapping).", minimum=1),
-        "evalSamples": _i("Seeded sample of this many evaluation rows.", minimum=1),
+        "trainSamples": _i("Train on this many rows, taken after label mapping from the split shuffled with "
+                           "training.seed (so files sorted by label still give every class).", minimum=1),
+        "evalSamples": _i("Evaluate on this many rows, taken the same way from the evaluation split.", minimum=1),
     },
 )
 
