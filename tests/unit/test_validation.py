@@ -124,3 +124,17 @@ def test_render_rejects_bad_data_files_naming_the_field(tmp_path) -> None:
     assert r.returncode == 1 and r.stdout == ""
     assert "spec.task.dataset.dataFiles: spec.task.dataset.dataFiles must have an entry for the train split" \
         in r.stderr
+
+
+def test_readme_example_job_is_valid_and_reads_data_files() -> None:
+    """The README's FineTuneJob is what users copy first: it must pass admission and name a source that loads."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    jobs = [d for block in re.findall(r"^```yaml\n(.*?)^```$", readme, re.M | re.S)
+            for d in yaml.safe_load_all(block) if isinstance(d, dict) and d.get("kind") == "FineTuneJob"]
+    assert jobs, "README.md has no FineTuneJob example"
+    for job in jobs:
+        ds = validate(job)["spec"]["task"]["dataset"]
+        assert ds["dataFiles"]["train"].startswith("hf://datasets/mteb/amazon_reviews_multi/ja/")
