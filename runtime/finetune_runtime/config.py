@@ -15,6 +15,8 @@ from typing import Any
 TEXT_CLASSIFICATION = "text-classification"
 QUESTION_ANSWERING = "question-answering"
 TASK_TYPES = (TEXT_CLASSIFICATION, QUESTION_ANSWERING)
+# datasets' packaged builders that task.dataset.dataFiles can name (task.dataset.format).
+DATA_FILE_FORMATS = ("json", "csv", "parquet")
 
 
 class ConfigError(ValueError):
@@ -52,6 +54,9 @@ class DatasetConfig:
                                            and all(isinstance(v, str) and v for v in data_files.values())):
             raise ConfigError("task.dataset.dataFiles must map split names to a file, URL or glob, e.g. "
                               "{\"train\": \"hf://datasets/<owner>/<name>/train.jsonl\"}")
+        if d.get("format") not in (None, *DATA_FILE_FORMATS):
+            raise ConfigError(f"task.dataset.format must be one of {', '.join(DATA_FILE_FORMATS)}, "
+                              f"got {d.get('format')!r}")
         label_map = d.get("labelMap")
         return cls(
             name=d.get("name"),

@@ -109,6 +109,8 @@ def test_config_needs_exactly_one_source() -> None:
     for bad in ({}, {"name": "squad", "dataFiles": {"train": "t.jsonl"}}, {"path": "p", "dataFiles": {"t": "x"}}):
         with pytest.raises(ConfigError, match=r"task\.dataset needs exactly one"):
             DatasetConfig.from_dict(bad)
+    with pytest.raises(ConfigError, match=r"task\.dataset\.format must be one of json, csv, parquet"):
+        DatasetConfig.from_dict({"dataFiles": {"train": "t.arrow"}, "format": "arrow"})
     with pytest.raises(ConfigError, match=r"task\.dataset\.dataFiles must map"):
         DatasetConfig.from_dict({"dataFiles": {"train": ["a.jsonl", "b.jsonl"]}})
 
