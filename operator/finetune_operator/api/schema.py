@@ -142,7 +142,11 @@ DATASET = _o(
         "config": _s("Dataset configuration, e.g. ja.", maxLength=128),
         "path": _s("Local file or directory; relative paths are relative to the working directory.", maxLength=1024),
         "trainSplit": _s("Split to train on.", maxLength=64, default="train"),
-        "evalSplit": _s("Split to evaluate on; when absent, a seeded slice of the train split.", maxLength=64),
+        "evalSplit": _s(
+            "Split to evaluate on (the runtime's default: validation). When the dataset has no split of that name, "
+            "a seeded slice of the train split is held out instead: evalSamples rows, else a tenth.",
+            maxLength=64,
+        ),
         "textColumn": _s("Column with the text (text-classification).", maxLength=128),
         "textPairColumn": _s("Optional second text column (sentence pairs).", maxLength=128),
         "labelColumn": _s("Column with the label (text-classification).", maxLength=128),
