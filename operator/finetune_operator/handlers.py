@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -166,9 +167,7 @@ def reconcile_once(kube: Kube, namespace: str, name: str, pods: list[dict[str, A
         objects = kube.list_other_children(namespace, name, network_policies=_network_policies(_config))
     key = (namespace, name)
     prog = _read_progress(kube, key, job, old_status) if old_status.get("phase") in _FOLLOWED else None
-    # Cheap (one ed25519 pair); only used when the job's immutable Secret does not exist yet.
-    keys = generate_keys(name) if launcher_of(job["spec"]) == "mpi" else None
-    plan = reconcile(job, Observed(pods, objects, now, prog, keys), _config)
+    plan = reconcile(job, Observed(pods, objects, now, prog, functools.partial(generate_keys, name)), _config)
     apply(kube, job, old_status, plan)
     RECONCILES.inc()
     if plan.status.get("phase") in _FOLLOWED and not plan.delete_job:
