@@ -6,11 +6,15 @@ this module. Cross-field rules live in `rules.py` next to their CEL twins.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 Schema = dict[str, Any]
 
-PROFILES = ("trn1", "trn2", "xeon-amx", "cpu", "nvidia")
+# The hardware profiles are the files profiles/<name>.yaml, and nothing else: adding a file adds the profile to
+# the CRD's enum, the chart's values schema (`make generate`) and every list derived from this one. Read as data
+# by file name, not imported: the profiles package imports this module.
+PROFILES = tuple(sorted(f.stem for f in (Path(__file__).resolve().parents[1] / "profiles").glob("*.yaml")))
 LAUNCHERS = ("torchrun", "mpi")
 MPI_IMPLEMENTATIONS = ("intel", "mpich", "openmpi")
 TASK_TYPES = ("text-classification", "question-answering")
