@@ -85,6 +85,13 @@ class FakeApi:
         return self.log
 
 
+def raises(err: Exception) -> Any:
+    def call(*_: Any, **__: Any) -> Any:
+        raise err
+
+    return call
+
+
 class World:
     """A loop over one two-rank job; `pods` are what the indexes hold."""
 
@@ -139,7 +146,12 @@ def test_a_wake_up_brings_the_pass_forward_once() -> None:
 
 def test_a_wake_up_during_a_pass_triggers_another() -> None:
     w = World()
-    w.loop.step(lambda: (w.loop.wake(), w.children())[1])  # a watch event while the pass runs
+
+    def children_then_an_event() -> Children:
+        w.loop.wake()  # a watch event arrives while the pass runs
+        return w.children()
+
+    w.loop.step(children_then_an_event)
     assert w.loop.pass_due()
 
 
@@ -171,7 +183,7 @@ def test_error_backoff_grows_ignores_wake_ups_and_shows_in_status() -> None:
 def test_an_error_while_recording_the_error_still_backs_off(monkeypatch: pytest.MonkeyPatch) -> None:
     w = World()
     w.api.fail_creates = True
-    monkeypatch.setattr(w.api, "patch_status", lambda *a: (_ for _ in ()).throw(RuntimeError("status too")))
+    monkeypatch.setattr(w.api, "patch_status", raises(RuntimeError("status too")))
     assert w.step() == controller.Pause(ERROR_BACKOFF_S[0], wakeable=False)
 
 
@@ -211,7 +223,7 @@ def test_a_failing_log_read_is_not_retried_at_once(monkeypatch: pytest.MonkeyPat
     w.step()
     w.loop.wake()
     w.step()
-    monkeypatch.setattr(w.api, "log_tail", lambda *a: (_ for _ in ()).throw(RuntimeError("log gone")))
+    monkeypatch.setattr(w.api, "log_tail", raises(RuntimeError("log gone")))
     w.clock.advance(PROGRESS_EVERY_S)
     assert w.step().seconds == PROGRESS_EVERY_S  # logged, and the next read waits a whole interval
 
