@@ -11,8 +11,8 @@ PLURAL: Final = "finetunejobs"
 SINGULAR: Final = "finetunejob"
 SHORT_NAMES: Final = ("ftj",)
 
-# Labels on every child. The operator selects its pods by MANAGED_BY + JOB_NAME; the chart's NetworkPolicy
-# selects by MANAGED_BY; Kueue reads QUEUE_NAME and POD_GROUP.
+# Labels on every child. The operator watches its children by MANAGED_BY and indexes them by JOB_NAME; the
+# chart's NetworkPolicy selects by MANAGED_BY; Kueue reads QUEUE_NAME and POD_GROUP.
 LABEL_NAME: Final = "app.kubernetes.io/name"
 LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"

@@ -24,18 +24,13 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .constants import GROUP, LABEL_JOB_NAME, LABEL_MANAGED_BY, MANAGED_BY, PLURAL, VERSION
+from .constants import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 
 
 class ForeignObject(RuntimeError):
     """A child's deterministic name is taken by an object this job does not control."""
-
-
-def _children_of(job: str) -> str:
-    """Label selector of a job's children."""
-    return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB_NAME}={job}"
 
 
 def _namespace_terminating(e: ApiException) -> bool:
@@ -112,26 +107,6 @@ class Kube:
         except ApiException as e:
             if e.status != 404:
                 raise
-
-    def list_pods(self, ns: str, job: str) -> list[dict[str, Any]]:
-        """The job's pods (the operator normally reads them from its watch-fed index instead)."""
-        return [self._plain(p) for p in self.core.list_namespaced_pod(ns, label_selector=_children_of(job)).items]
-
-    def list_other_children(self, ns: str, job: str, network_policies: bool = False) -> frozenset[str]:
-        """"Kind/name" of the job's children other than pods (NetworkPolicies only when the operator makes
-        them: otherwise its RBAC has no reason to read them)."""
-        sel = _children_of(job)
-        names = set()
-        listers: list[tuple[str, Any]] = [
-            ("Service", self.core.list_namespaced_service),
-            ("ConfigMap", self.core.list_namespaced_config_map),
-            ("Secret", self.core.list_namespaced_secret),
-        ]
-        if network_policies:
-            listers.append(("NetworkPolicy", self.networking.list_namespaced_network_policy))
-        for kind, lister in listers:
-            names |= {f"{kind}/{o.metadata.name}" for o in lister(ns, label_selector=sel).items if o.metadata}
-        return frozenset(names)
 
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None:
         try:

@@ -9,13 +9,13 @@ free again.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from . import constants as c
-from .builders import SshKeys, desired
+from .builders import Layout, Names, SshKeys, desired, resolve
 
 TERMINAL = ("Succeeded", "Failed")
 _WAITING_ERRORS = (
@@ -44,7 +44,9 @@ class Observed:
     objects: frozenset[str]  # "Kind/name" of the job's Service, ConfigMap, Secret that exist
     now: datetime
     progress: dict[str, Any] | None = None  # newest progress from rank 0's log, if read
-    ssh_keys: SshKeys | None = None  # fresh keys, used only if the job's Secret must be created
+    # Makes the job's SSH identity (MPI). Called only when the job's Secret must be created: the Secret is
+    # immutable and made once, so no other pass pays for a key pair it would throw away.
+    ssh_keys: Callable[[], SshKeys] | None = None
 
 
 def iso(t: datetime) -> str:
@@ -81,6 +83,10 @@ def _attempt(pod: dict[str, Any]) -> int:
         return int(pod["metadata"]["labels"].get(c.LABEL_ATTEMPT, "-1"))
     except (KeyError, ValueError):
         return -1
+
+
+def _role(pod: dict[str, Any]) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get(c.LABEL_ROLE)
 
 
 def _deleting(pod: dict[str, Any]) -> bool:
@@ -130,18 +136,30 @@ def _describe(f: dict[str, Any]) -> str:
     return f"{who} failed: {how or 'failed'}" + (f"; last log lines:\n{last}" if last else "")
 
 
-def _pending_problem(pods: list[dict[str, Any]]) -> str | None:
-    """Why pods are not starting (unschedulable, image pull, bad config), for status.message."""
+@dataclass(frozen=True)
+class PendingProblem:
+    """Why pods are not starting. `reason` is the API's own field (the PodScheduled condition's reason, e.g.
+    Unschedulable, or the container's waiting reason, e.g. ImagePullBackOff), never parsed from text."""
+
+    reason: str
+    message: str  # for status.message: "pod[/container]: reason: API message"
+
+
+def _pending_problem(pods: list[dict[str, Any]]) -> PendingProblem | None:
+    """Why pods are not starting (unschedulable, image pull, bad config), for status.reason and message."""
     for pod in pods:
         st = pod.get("status") or {}
         name = pod["metadata"]["name"]
         for cond in st.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason"):
-                return f"{name}: {cond['reason']}: {cond.get('message', '')}".strip()
+                reason = str(cond["reason"])
+                return PendingProblem(reason, f"{name}: {reason}: {cond.get('message', '')}".strip())
         for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in _WAITING_ERRORS:
-                return f"{name}/{cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')}".strip()
+                reason = str(waiting["reason"])
+                where = f"{name}/{cs.get('name')}"
+                return PendingProblem(reason, f"{where}: {reason}: {waiting.get('message', '')}".strip())
     return None
 
 
@@ -160,160 +178,246 @@ def _transition(plan: Plan, old_phase: str | None, phase: str, reason: str, mess
         plan.events.append((kind, reason, message))
 
 
-def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Plan:
-    """`job` has passed admission.validate (defaults applied) and carries its current status. `config` is the
-    operator's configuration (`images`, `networkPolicy`)."""
-    now = observed.now
-    spec = job["spec"]
-    rp = spec.get("runPolicy") or {}
+@dataclass
+class Pass:
+    """What every phase of one reconcile pass reads, and the plan they fill in."""
+
+    job: dict[str, Any]
+    observed: Observed
+    config: Mapping[str, Any]
+    layout: Layout
+    names: Names
+    plan: Plan
+    old_phase: str | None
+    attempt: int
+    live: list[dict[str, Any]]  # pods not being deleted
+    current: list[dict[str, Any]]  # live pods of this attempt
+    stale: list[dict[str, Any]]  # live pods of earlier attempts
+
+    @property
+    def run_policy(self) -> dict[str, Any]:
+        return dict(self.job["spec"].get("runPolicy") or {})
+
+    @property
+    def now(self) -> datetime:
+        return self.observed.now
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.plan.status
+
+    def delete(self, pods: list[dict[str, Any]]) -> None:
+        names = self.plan.delete_pods
+        names += [p["metadata"]["name"] for p in pods if p["metadata"]["name"] not in names]
+
+    def transition(self, phase: str, reason: str, message: str) -> None:
+        _transition(self.plan, self.old_phase, phase, reason, message)
+
+    def clean_up_finished(self) -> None:
+        """A finished job keeps nothing running; its finished pods stay for their logs unless cleanPodPolicy
+        is All."""
+        keep_finished = self.run_policy.get("cleanPodPolicy", "Running") == "Running"
+        self.delete([p for p in self.live if not (keep_finished and _phase(p) in TERMINAL)])
+
+    def finish(self, phase: str, reason: str, message: str) -> Plan:
+        """The pass that ends the job: Succeeded or Failed, with its conditions, clean-up and TTL timer."""
+        st, now = self.status, self.now
+        self.transition(phase, reason, message)
+        st["completionTime"] = iso(now)
+        set_condition(st, "Running", False, reason, message, now)
+        set_condition(st, "Restarting", False, reason, message, now)
+        set_condition(st, phase, True, reason, message, now)
+        self.clean_up_finished()
+        ttl = self.run_policy.get("ttlSecondsAfterFinished")
+        if ttl is not None:
+            self.plan.requeue_after = float(ttl)
+        return self.plan
+
+
+# Each phase returns the pass's plan when it decides the outcome, or None to pass on to the next phase.
+Phase = Callable[[Pass], Plan | None]
+
+
+def terminal(p: Pass) -> Plan | None:
+    """A finished job: clean up what still runs; delete the job once ttlSecondsAfterFinished has passed."""
+    if p.old_phase not in TERMINAL:
+        return None
+    p.clean_up_finished()
+    ttl = p.run_policy.get("ttlSecondsAfterFinished")
+    done_at = parse_time(p.status.get("completionTime"))
+    if ttl is not None and done_at is not None:
+        due = done_at + timedelta(seconds=int(ttl))
+        if p.now >= due:
+            p.plan.delete_job = True
+        else:
+            p.plan.requeue_after = (due - p.now).total_seconds()
+    return p.plan
+
+
+def suspended(p: Pass) -> Plan | None:
+    """spec.runPolicy.suspend: every pod goes; the deadline clock stops. A resume clears the condition."""
+    st, now = p.status, p.now
+    if not p.run_policy.get("suspend"):
+        if p.old_phase == "Suspended":
+            set_condition(st, "Suspended", False, "Resumed", "resumed", now)
+        return None
+    p.delete(p.live)
+    msg = "suspended: pods deleted; set spec.runPolicy.suspend: false to resume from the newest checkpoint"
+    p.transition("Suspended", "Suspended", msg)
+    set_condition(st, "Suspended", True, "Suspended", msg, now)
+    set_condition(st, "Running", False, "Suspended", msg, now)
+    st.pop("startTime", None)  # the deadline counts active time from the resume
+    st["ranks"] = {"ready": 0, "total": p.layout.nodes}
+    return p.plan
+
+
+def deadline(p: Pass) -> Plan | None:
+    """activeDeadlineSeconds, counted from startTime: fail the job once past it, else wake up when it falls."""
+    limit = p.run_policy.get("activeDeadlineSeconds")
+    start = parse_time(p.status.get("startTime"))
+    if limit is None or start is None:
+        return None
+    due = start + timedelta(seconds=int(limit))
+    if p.now >= due:
+        msg = f"job ran longer than spec.runPolicy.activeDeadlineSeconds={limit}"
+        return p.finish("Failed", "DeadlineExceeded", msg)
+    p.plan.requeue_after = (due - p.now).total_seconds()
+    return None
+
+
+def group_failure(p: Pass) -> Plan | None:
+    """A failed pod of the current attempt fails the whole group: restart every rank while restarts remain
+    (backoffLimit), else fail the job with the first failed rank's container, reason and log tail.
+
+    So does one of its unfinished pods being deleted: the operator deletes current-attempt pods only as it ends,
+    suspends or restarts the job, so this is an eviction, a node drain or someone's kubectl delete, and the
+    other ranks would otherwise hang in collectives until a timeout."""
+    st, now, attempt = p.status, p.now, p.attempt
+    failed = [pod for pod in p.current if _phase(pod) == "Failed"]
+    failed += [pod for pod in p.observed.pods
+               if _deleting(pod) and _attempt(pod) == attempt and _phase(pod) not in TERMINAL]  # fmt: skip
+    if not failed:
+        return None
+    failed.sort(key=lambda pod: int(pod["metadata"]["labels"].get(c.LABEL_RANK, "-1")))
+    f = _failure(failed[0], attempt)
+    st["failures"] = ([*st.get("failures", []), f])[-10:]
+    limit = int(p.run_policy.get("backoffLimit", 3))
+    text = _describe(f)
+    if attempt < limit:
+        st["restartCount"] = attempt + 1
+        p.delete(p.live)
+        msg = (
+            f"{text}\nrestarting all ranks (restart {attempt + 1} of at most {limit}), "
+            "resuming from the newest checkpoint"
+        )
+        p.transition("Restarting", "RankFailed", msg)
+        set_condition(st, "Restarting", True, "RankFailed", msg, now)
+        set_condition(st, "Running", False, "RankFailed", msg, now)
+        st["ranks"] = {"ready": 0, "total": p.layout.nodes}
+        return p.plan
+    # The container's own terminated.reason (set by the kubelet), not text from its message.
+    reason = "OOMKilled" if f.get("reason") == "OOMKilled" else "BackoffLimitExceeded"
+    return p.finish("Failed", reason, f"{text}\nbackoffLimit {limit} reached")
+
+
+def success(p: Pass) -> Plan | None:
+    """Every rank pod (torchrun) or the launcher pod (MPI) of the current attempt completed."""
+    if p.layout.launcher == "mpi":
+        launcher = [pod for pod in p.current if pod["metadata"]["name"] == p.names.launcher]
+        succeeded = bool(launcher) and _phase(launcher[0]) == "Succeeded"
+    else:
+        ranks = [pod for pod in p.current if _role(pod) == c.ROLE_RANK]
+        succeeded = len(ranks) == p.layout.nodes and all(_phase(pod) == "Succeeded" for pod in ranks)
+    if not succeeded:
+        return None
+    st = p.status
+    if st.get("progress"):
+        st["progress"] = dict(st["progress"], summary=st["progress"].get("summary") or "done")
+    return p.finish("Succeeded", "Completed", "all ranks completed")
+
+
+def converge(p: Pass) -> Plan:
+    """Stale pods go; missing children are created (pods only once their names are free); the phase follows
+    the pods: Precompiling, Running, or Pending/Restarting with the reason pods are not starting."""
+    st, now, attempt, observed = p.status, p.now, p.attempt, p.observed
+    ssh_secret = f"Secret/{p.names.ssh_secret}"
+    make_keys = p.layout.launcher == "mpi" and ssh_secret not in observed.objects
+    if make_keys and observed.ssh_keys is None:
+        raise ValueError("MPI jobs need Observed.ssh_keys to create their Secret")
+    children = desired(p.job, images=p.config.get("images"), attempt=attempt,
+                       ssh_keys=observed.ssh_keys() if make_keys and observed.ssh_keys else None,
+                       network_policy_config=p.config.get("networkPolicy"))  # fmt: skip
+    p.delete(p.stale)
+    stale_names = {pod["metadata"]["name"] for pod in observed.pods}
+    for obj in children.objects:
+        if f"{obj['kind']}/{obj['metadata']['name']}" not in observed.objects:
+            p.plan.create.append(obj)
+    current_names = {pod["metadata"]["name"] for pod in p.current}
+    for pod in children.pods:
+        name = pod["metadata"]["name"]
+        if name not in current_names and name not in stale_names:
+            p.plan.create.append(pod)
+    creates_pods = any(o["kind"] == "Pod" for o in p.plan.create)
+    if creates_pods and "startTime" not in st:
+        st["startTime"] = iso(now)
+    if creates_pods and not p.current:
+        set_condition(st, "Created", True, "PodsCreated", f"created {len(children.pods)} pods for attempt {attempt}",
+                      now)  # fmt: skip
+
+    rank_role = c.ROLE_WORKER if p.layout.launcher == "mpi" else c.ROLE_RANK
+    up = ("Running", "Succeeded")
+    ranks_up = [pod for pod in p.current if _role(pod) == rank_role and _phase(pod) in up]
+    st["ranks"] = {"ready": len(ranks_up), "total": p.layout.nodes}
+    all_running = len(p.current) == len(children.pods) and all(_phase(pod) in up for pod in p.current)
+    if any(_init_running(pod, c.INIT_PRECOMPILE) for pod in p.current):
+        p.transition("Precompiling", "Precompiling", "filling the compile cache with a trial run")
+        set_condition(st, "Precompiling", True, "Precompiling", "trial run filling the compile cache", now)
+    elif all_running:
+        msg = f"{p.layout.world_size} processes on {p.layout.nodes} pod(s)"
+        p.transition("Running", "Running", msg)
+        set_condition(st, "Precompiling", False, "Done", "compile cache filled", now)
+        set_condition(st, "Restarting", False, "Running", msg, now)
+        set_condition(st, "Running", True, "Running", msg, now)
+    else:
+        problem = _pending_problem(p.current)
+        leftovers = bool(p.stale) or any(_deleting(pod) for pod in observed.pods)
+        phase = "Restarting" if p.old_phase == "Restarting" and leftovers else "Pending"
+        waiting = "waiting for the previous attempt's pods to terminate" if leftovers else "waiting for pods to start"
+        reason = "Unschedulable" if problem and problem.reason == "Unschedulable" else phase
+        p.transition(phase, reason, problem.message if problem else waiting)
+    return p.plan
+
+
+# In order: the first phase that returns a plan ends the pass; converge always does.
+PHASES: tuple[Phase, ...] = (terminal, suspended, deadline, group_failure, success)
+
+
+def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Pass:
+    """The pass's shared reading of the job and its pods, and a plan that starts from the current status."""
     old = job.get("status") or {}
     plan = Plan(status=copy.deepcopy(old))
     st = plan.status
     st["observedGeneration"] = job["metadata"].get("generation", 1)
     attempt = int(st.get("restartCount") or 0)
     st["restartCount"] = attempt
-    old_phase = old.get("phase")
     if observed.progress:
         st["progress"] = observed.progress
+    layout = resolve(job)
+    st["worldSize"] = layout.world_size
+    live = [pod for pod in observed.pods if not _deleting(pod)]
+    return Pass(job=job, observed=observed, config=config or {}, layout=layout, names=Names.of(job, layout.launcher),
+                plan=plan, old_phase=old.get("phase"), attempt=attempt, live=live,
+                current=[pod for pod in live if _attempt(pod) == attempt],
+                stale=[pod for pod in live if _attempt(pod) != attempt])  # fmt: skip
 
-    cfg = config or {}
-    children = desired(job, images=cfg.get("images"), ssh_keys=observed.ssh_keys, attempt=attempt,
-                       network_policy_config=cfg.get("networkPolicy"))
-    st["worldSize"] = children.layout.world_size
-    live = [p for p in observed.pods if not _deleting(p)]
-    current = [p for p in live if _attempt(p) == attempt]
-    stale = [p for p in live if _attempt(p) != attempt]
-    rank_role = c.ROLE_WORKER if children.layout.launcher == "mpi" else c.ROLE_RANK
 
-    def delete(pods: list[dict[str, Any]]) -> None:
-        plan.delete_pods += [p["metadata"]["name"] for p in pods if p["metadata"]["name"] not in plan.delete_pods]
-
-    # Terminal: nothing keeps running; finished pods stay for their logs unless cleanPodPolicy is All.
-    if old_phase in TERMINAL:
-        keep_finished = rp.get("cleanPodPolicy", "Running") == "Running"
-        delete([p for p in live if not (keep_finished and _phase(p) in TERMINAL)])
-        ttl = rp.get("ttlSecondsAfterFinished")
-        done_at = parse_time(st.get("completionTime"))
-        if ttl is not None and done_at is not None:
-            due = done_at + timedelta(seconds=int(ttl))
-            if now >= due:
-                plan.delete_job = True
-            else:
-                plan.requeue_after = (due - now).total_seconds()
-        return plan
-
-    def finish(phase: str, reason: str, message: str) -> Plan:
-        _transition(plan, old_phase, phase, reason, message)
-        st["completionTime"] = iso(now)
-        set_condition(st, "Running", False, reason, message, now)
-        set_condition(st, "Restarting", False, reason, message, now)
-        set_condition(st, phase, True, reason, message, now)
-        keep_finished = rp.get("cleanPodPolicy", "Running") == "Running"
-        delete([p for p in live if not (keep_finished and _phase(p) in TERMINAL)])
-        ttl = rp.get("ttlSecondsAfterFinished")
-        if ttl is not None:
-            plan.requeue_after = float(ttl)
-        return plan
-
-    if rp.get("suspend"):
-        delete(live)
-        msg = "suspended: pods deleted; set spec.runPolicy.suspend: false to resume from the newest checkpoint"
-        _transition(plan, old_phase, "Suspended", "Suspended", msg)
-        set_condition(st, "Suspended", True, "Suspended", msg, now)
-        set_condition(st, "Running", False, "Suspended", msg, now)
-        st.pop("startTime", None)  # the deadline counts active time from the resume
-        st["ranks"] = {"ready": 0, "total": children.layout.nodes}
-        return plan
-    if old_phase == "Suspended":
-        set_condition(st, "Suspended", False, "Resumed", "resumed", now)
-
-    start = parse_time(st.get("startTime"))
-    deadline = rp.get("activeDeadlineSeconds")
-    if deadline is not None and start is not None:
-        due = start + timedelta(seconds=int(deadline))
-        if now >= due:
-            return finish(
-                "Failed", "DeadlineExceeded", f"job ran longer than spec.runPolicy.activeDeadlineSeconds={deadline}"
-            )
-        plan.requeue_after = (due - now).total_seconds()
-
-    # A failed pod of the current attempt fails the whole group. So does one of its unfinished pods being
-    # deleted: the operator deletes current-attempt pods only as it ends, suspends or restarts the job, so this
-    # is an eviction, a node drain or someone's kubectl delete, and the other ranks would otherwise hang in
-    # collectives until a timeout.
-    failed = [p for p in current if _phase(p) == "Failed"]
-    failed += [p for p in observed.pods if _deleting(p) and _attempt(p) == attempt and _phase(p) not in TERMINAL]
-    if failed:
-        failed.sort(key=lambda p: int(p["metadata"]["labels"].get(c.LABEL_RANK, "-1")))
-        f = _failure(failed[0], attempt)
-        st["failures"] = ([*st.get("failures", []), f])[-10:]
-        limit = int(rp.get("backoffLimit", 3))
-        text = _describe(f)
-        if attempt < limit:
-            st["restartCount"] = attempt + 1
-            delete(live)
-            msg = (
-                f"{text}\nrestarting all ranks (restart {attempt + 1} of at most {limit}), "
-                "resuming from the newest checkpoint"
-            )
-            _transition(plan, old_phase, "Restarting", "RankFailed", msg)
-            set_condition(st, "Restarting", True, "RankFailed", msg, now)
-            set_condition(st, "Running", False, "RankFailed", msg, now)
-            st["ranks"] = {"ready": 0, "total": children.layout.nodes}
-            return plan
-        reason = "OOMKilled" if f.get("reason") == "OOMKilled" else "BackoffLimitExceeded"
-        return finish("Failed", reason, f"{text}\nbackoffLimit {limit} reached")
-
-    # Success: every rank pod (torchrun) or the launcher (MPI) completed.
-    if children.layout.launcher == "mpi":
-        launcher = [p for p in current if p["metadata"]["name"] == children.names.launcher]
-        succeeded = bool(launcher) and _phase(launcher[0]) == "Succeeded"
-    else:
-        ranks = [p for p in current if (p["metadata"].get("labels") or {}).get(c.LABEL_ROLE) == c.ROLE_RANK]
-        succeeded = len(ranks) == children.layout.nodes and all(_phase(p) == "Succeeded" for p in ranks)
-    if succeeded:
-        if st.get("progress"):
-            st["progress"] = dict(st["progress"], summary=st["progress"].get("summary") or "done")
-        return finish("Succeeded", "Completed", "all ranks completed")
-
-    # Converge: stale pods go; missing children are created (pods only once their names are free).
-    delete(stale)
-    stale_names = {p["metadata"]["name"] for p in observed.pods}
-    for obj in children.objects:
-        if f"{obj['kind']}/{obj['metadata']['name']}" not in observed.objects:
-            plan.create.append(obj)
-    current_names = {p["metadata"]["name"] for p in current}
-    for pod in children.pods:
-        name = pod["metadata"]["name"]
-        if name not in current_names and name not in stale_names:
-            plan.create.append(pod)
-    if plan.create and any(o["kind"] == "Pod" for o in plan.create) and "startTime" not in st:
-        st["startTime"] = iso(now)
-    if any(o["kind"] == "Pod" for o in plan.create) and not current:
-        set_condition(st, "Created", True, "PodsCreated", f"created {len(children.pods)} pods for attempt {attempt}",
-                      now)
-
-    ranks_up = [
-        p for p in current
-        if (p["metadata"].get("labels") or {}).get(c.LABEL_ROLE) == rank_role and _phase(p) in ("Running", "Succeeded")
-    ]
-    st["ranks"] = {"ready": len(ranks_up), "total": children.layout.nodes}
-    all_running = len(current) == len(children.pods) and all(_phase(p) in ("Running", "Succeeded") for p in current)
-    if any(_init_running(p, c.INIT_PRECOMPILE) for p in current):
-        _transition(plan, old_phase, "Precompiling", "Precompiling", "filling the compile cache with a trial run")
-        set_condition(st, "Precompiling", True, "Precompiling", "trial run filling the compile cache", now)
-    elif all_running:
-        msg = f"{children.layout.world_size} processes on {children.layout.nodes} pod(s)"
-        _transition(plan, old_phase, "Running", "Running", msg)
-        set_condition(st, "Precompiling", False, "Done", "compile cache filled", now)
-        set_condition(st, "Restarting", False, "Running", msg, now)
-        set_condition(st, "Running", True, "Running", msg, now)
-    else:
-        problem = _pending_problem(current)
-        leftovers = bool(stale) or any(_deleting(p) for p in observed.pods)
-        restarting = old_phase == "Restarting" and leftovers
-        waiting = "waiting for the previous attempt's pods to terminate" if leftovers else "waiting for pods to start"
-        phase = "Restarting" if restarting else "Pending"
-        _transition(plan, old_phase, phase, "Unschedulable" if problem and "Unschedulable" in problem else phase,
-                    problem or waiting)
-    return plan
+def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Plan:
+    """`job` has passed admission.validate (defaults applied) and carries its current status. `config` is the
+    operator's configuration (`images`, `networkPolicy`). The job's full set of children (`desired()`) is built
+    only by the converge phase: finished, suspended and failing jobs never pay for it."""
+    p = begin(job, observed, config)
+    for phase in PHASES:
+        decided = phase(p)
+        if decided is not None:
+            return decided
+    return converge(p)

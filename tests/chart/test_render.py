@@ -9,6 +9,8 @@ import pytest
 import yaml
 from chartlib import CHART, NAMESPACE, RELEASE, Manifest, Renderer, Values, find, identities, one
 
+from finetune_operator import profiles
+
 # What the operator does through the API, per (apiGroup, resource): the brief for the RBAC, verb for verb.
 NAMESPACED_VERBS: dict[tuple[str, str], set[str]] = {
     # delete: runPolicy.ttlSecondsAfterFinished (k8s.Kube.delete_job), beyond the verbs first briefed.
@@ -28,14 +30,8 @@ CRD_READ: dict[tuple[str, str], set[str]] = {
 # kopf 1.45 lists and watches namespaces only when given --namespace flags (namespaced mode); in cluster
 # mode it never reads them (kopf/_core/reactor/observation.py: namespace_observer).
 NAMESPACES_WATCH: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
-# The same images the operator's profiles name (operator/finetune_operator/profiles/*.yaml, `image:`).
-DEFAULT_IMAGES = {
-    "trn1": "finetune-operator/neuron:0.1.0",
-    "trn2": "finetune-operator/neuron:0.1.0",
-    "xeon-amx": "finetune-operator/xeon:0.1.0",
-    "cpu": "finetune-operator/cpu:0.1.0",
-    "nvidia": "finetune-operator/nvidia:0.1.0",
-}
+# The chart's default images are the ones the operator's profiles name (profiles/*.yaml, `image:`).
+DEFAULT_IMAGES = {p.name: p.image for p in profiles.load_all().values()}
 
 
 def verbs_of(role: Manifest) -> dict[tuple[str, str], set[str]]:

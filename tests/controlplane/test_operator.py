@@ -18,7 +18,7 @@ from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
 from kubernetes import client
 from operator_support import NO_KUBELET, Kubelet, NodeLogs, install_crd, is_subset, job_yaml, running_operator
 
-from finetune_operator.handlers import ERROR_BACKOFF_S
+from finetune_operator.controller import ERROR_BACKOFF_S
 from finetune_operator.k8s import Kube
 from finetune_runtime.progress import format_line
 from ftjob_cluster.testing import Cluster

@@ -22,7 +22,7 @@ def load_sample(name: str) -> dict[str, Any]:
 
 
 class JobBuilder:
-    """make_job("demo").profile("trn1").instance("trn1.2xlarge").procs(2).task_classification().build()"""
+    """make_job("demo").profile("trn1").instance("trn1.2xlarge").procs(2).classification().build()"""
 
     def __init__(self, name: str = "job", namespace: str | None = None):
         self.obj: dict[str, Any] = {

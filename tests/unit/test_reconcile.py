@@ -31,7 +31,7 @@ class World:
     def step(self, progress: dict[str, Any] | None = None, seconds: float = 1) -> Plan:
         self.now += timedelta(seconds=seconds)
         plan = reconcile(self.job, Observed(list(copy.deepcopy(self.pods).values()), frozenset(self.objects),
-                                            self.now, progress, KEYS))
+                                            self.now, progress, lambda: KEYS))
         for name in plan.delete_pods:
             self.pods[name]["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
         for obj in plan.create:
@@ -290,7 +290,7 @@ def test_own_deletions_are_not_failures() -> None:
 
 def test_network_policy_created_with_the_other_objects_when_configured() -> None:
     w = World(job2())
-    plan = reconcile(w.job, Observed([], frozenset(), T0, None, KEYS), {"networkPolicy": {"enabled": True}})
+    plan = reconcile(w.job, Observed([], frozenset(), T0, None, lambda: KEYS), {"networkPolicy": {"enabled": True}})
     assert "NetworkPolicy" in {o["kind"] for o in plan.create}
-    plan = reconcile(w.job, Observed([], frozenset(), T0, None, KEYS), {})
+    plan = reconcile(w.job, Observed([], frozenset(), T0, None, lambda: KEYS), {})
     assert "NetworkPolicy" not in {o["kind"] for o in plan.create}

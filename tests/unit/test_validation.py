@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from finetune_operator.admission import validate
+from finetune_operator.api.schema import PROFILES
 from finetune_operator.api.validation import InvalidSpec
 
 
@@ -76,7 +77,7 @@ def test_defaults_applied_like_the_api_server() -> None:
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(
-    profile=st.sampled_from(["trn1", "trn2", "xeon-amx", "cpu", "nvidia"]),
+    profile=st.sampled_from(PROFILES),
     nodes=st.integers(min_value=-2, max_value=40),
     procs=st.one_of(st.none(), st.integers(min_value=-1, max_value=300)),
     precision=st.sampled_from(["fp32", "bf16", "fp16"]),

@@ -6,11 +6,15 @@ this module. Cross-field rules live in `rules.py` next to their CEL twins.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 Schema = dict[str, Any]
 
-PROFILES = ("trn1", "trn2", "xeon-amx", "cpu", "nvidia")
+# The hardware profiles are the files profiles/<name>.yaml, and nothing else: adding a file adds the profile to
+# the CRD's enum, the chart's values schema (`make generate`) and every list derived from this one. Read as data
+# by file name, not imported: the profiles package imports this module.
+PROFILES = tuple(sorted(f.stem for f in (Path(__file__).resolve().parents[1] / "profiles").glob("*.yaml")))
 LAUNCHERS = ("torchrun", "mpi")
 MPI_IMPLEMENTATIONS = ("intel", "mpich", "openmpi")
 TASK_TYPES = ("text-classification", "question-answering")
@@ -173,8 +177,11 @@ DATASET = _o(
                    "directory, each file's name up to the first '.' or '-' is its split (train.jsonl -> train).",
                    maxLength=1024),
         "trainSplit": _s("Split to train on.", maxLength=64, default="train"),
-        "evalSplit": _s("Split to evaluate on; when absent or not in the data, a seeded tenth of the train split "
-                        "(runtime default: validation).", maxLength=64),
+        "evalSplit": _s(
+            "Split to evaluate on (the runtime's default: validation). When the dataset has no split of that name, "
+            "a seeded slice of the train split is held out instead: evalSamples rows, else a tenth.",
+            maxLength=64,
+        ),
         "textColumn": _s("Column with the text (text-classification).", maxLength=128),
         "textPairColumn": _s("Optional second text column (sentence pairs).", maxLength=128),
         "labelColumn": _s("Column with the label (text-classification).", maxLength=128),

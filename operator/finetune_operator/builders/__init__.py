@@ -42,8 +42,10 @@ def desired(
     attempt: int = 0,
     network_policy_config: Mapping[str, Any] | None = None,
 ) -> Children:
-    """Every child of `job` (validated, defaults applied). MPI jobs need `ssh_keys`. With the operator's
-    `networkPolicy: {enabled: true, extraIngress: [...]}`, a NetworkPolicy isolates the job's pods."""
+    """Every child of `job` (validated, defaults applied). MPI jobs get their SSH Secret only when `ssh_keys`
+    are given: the operator makes keys only for a job whose (immutable) Secret does not exist yet, `ftjob
+    render` always. With the operator's `networkPolicy: {enabled: true, extraIngress: [...]}`, a
+    NetworkPolicy isolates the job's pods."""
     layout = resolve(job)
     names = Names.of(job, layout.launcher)
     image = image_for(job, layout, images)
@@ -51,9 +53,8 @@ def desired(
     if network_policy_config and network_policy_config.get("enabled"):
         objects.append(network_policy(job, names, list(network_policy_config.get("extraIngress") or [])))
     if layout.launcher == "mpi":
-        if ssh_keys is None:
-            raise ValueError("MPI jobs need ssh_keys")
-        objects.append(ssh_secret(job, names, ssh_keys))
+        if ssh_keys is not None:
+            objects.append(ssh_secret(job, names, ssh_keys))
         pods = mpi_pods(job, layout, names, image, attempt)
     else:
         pods = torchrun_pods(job, layout, names, image, attempt)

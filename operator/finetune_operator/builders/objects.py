@@ -16,7 +16,7 @@ from .names import Names
 
 @dataclass(frozen=True)
 class SshKeys:
-    """OpenSSH-format key material for one MPI job (made by ssh.generate_keys, outside the pure builders)."""
+    """OpenSSH-format key material for one MPI job (made by sshkeys.generate_keys, outside the pure builders)."""
 
     private_key: str
     public_key: str

@@ -1,0 +1,316 @@
+"""The per-job loop: one `JobLoop` per FineTuneJob owns everything that job's control needs between passes.
+
+A full pass reads the job (fresh, from the API) and its children (from the watch-fed indexes, given by the
+caller), runs the pure `reconcile()` and applies the plan. Between passes the loop sleeps until a watch event on
+the job or one of its pods wakes it, or a timer falls due: the next pass (deadline, TTL, or the idle safety
+net), a progress refresh of a training job, or the end of an error backoff. No kopf here: handlers.py makes
+one loop per job daemon and routes watch events to it through `Loops`; the loop's rules (backoff, wake-ups,
+progress clock) run in unit tests with a fake clock and a fake API (tests/unit/test_controller.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from . import constants as c
+from . import progress
+from .admission import validate
+from .api.validation import InvalidSpec
+from .builders.layout import launcher_of
+from .builders.names import Names
+from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS
+from .reconcile import Observed, Plan, iso, reconcile, set_condition
+from .sshkeys import generate_keys
+
+log = logging.getLogger("finetune_operator")
+
+# A full pass runs when a watch event on the job or one of its pods wakes the loop, and at least this often as
+# a safety net for what wakes nothing (a child Service deleted by hand).
+IDLE_REQUEUE_S = 30.0
+# While training, rank 0's log is read this often; between full passes that is the only request, plus a
+# status patch when the progress changed (benchmarks/README.md: requests per job per minute).
+PROGRESS_EVERY_S = 10.0
+FOLLOWED = ("Running", "Precompiling")  # phases whose progress is read from rank 0's log
+# Seconds before the next pass after 1, 2, ... failed passes in a row (the last one repeats). Read by the
+# control-plane backoff test too.
+ERROR_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+Children = tuple[list[dict[str, Any]], frozenset[str]]  # the job's pods, and "Kind/name" of its other children
+
+
+class Api(Protocol):
+    """What the loop calls on the Kubernetes API (k8s.Kube; a fake in the unit tests)."""
+
+    def get_job(self, ns: str, name: str) -> dict[str, Any] | None: ...
+    def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None: ...
+    def event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None: ...
+    def create(self, obj: dict[str, Any]) -> bool: ...
+    def delete_pod(self, ns: str, name: str) -> None: ...
+    def delete_job(self, ns: str, name: str) -> None: ...
+    def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None: ...
+
+
+def network_policies(config: Mapping[str, Any]) -> bool:
+    """Whether the operator makes (and so may read and watch) a NetworkPolicy per job."""
+    return bool((config.get("networkPolicy") or {}).get("enabled"))
+
+
+def utcnow() -> datetime:
+    """Wall-clock time as reconcile and the status timestamps use it (naive UTC)."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def rank0_log_source(job: dict[str, Any], phase: str | None) -> tuple[str, str]:
+    """(pod, container) whose stdout carries global rank 0's progress lines."""
+    launcher = launcher_of(job["spec"])
+    names = Names.of(job, launcher)
+    if launcher == "mpi":
+        pod, main = names.launcher, c.CONTAINER_LAUNCHER
+    else:
+        pod, main = names.rank_pod(0), c.CONTAINER_TRAINER
+    return pod, c.INIT_PRECOMPILE if phase == "Precompiling" else main
+
+
+def apply(api: Api, job: dict[str, Any], old_status: dict[str, Any], plan: Plan) -> None:
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+    if plan.delete_job:
+        api.event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished elapsed: deleting the job and its children")
+        api.delete_job(ns, name)
+        return
+    for pod in plan.delete_pods:
+        api.delete_pod(ns, pod)
+    for obj in plan.create:
+        api.create(obj)
+    api.patch_status(ns, name, old_status, plan.status)
+    for etype, reason, message in plan.events:
+        api.event(job, etype, reason, message)
+    for _, reason, _ in plan.events:
+        TRANSITIONS.labels(phase=plan.status.get("phase", "Pending"), reason=reason).inc()
+
+
+@dataclass(frozen=True)
+class Pause:
+    """How long the loop sleeps after a step."""
+
+    seconds: float
+    wakeable: bool  # False while backing off (see JobLoop.pass_due): a plain sleep, not a wait for a wake-up
+
+
+class JobLoop:
+    """One job's loop. Its state lives here, for as long as kopf's daemon for the job runs:
+    - `next_pass`: clock time of the next full pass; a wake-up brings it forward (except while backing off);
+    - `failures`: failed passes in a row, which pick the backoff from ERROR_BACKOFF_S;
+    - `followed`: for a Running/Precompiling job, the job and the status this loop last wrote (the loop is the
+      only writer of the status, so that is what the API holds), for progress refreshes between passes;
+    - `progress_read_at`: clock time of the last read of rank 0's log (at most one per PROGRESS_EVERY_S).
+    `clock` is monotonic seconds and `now` the wall clock for status timestamps; tests pass fakes."""
+
+    def __init__(self, namespace: str, name: str, api: Api, config: Mapping[str, Any], *,
+                 clock: Callable[[], float] = time.monotonic, now: Callable[[], datetime] = utcnow) -> None:
+        self.namespace, self.name = namespace, name
+        self.api, self.config = api, config
+        self.clock, self.now = clock, now
+        self.next_pass = clock()  # the first pass is due at once
+        self.failures = 0
+        self.followed: tuple[dict[str, Any], dict[str, Any]] | None = None
+        self.progress_read_at: float | None = None
+        self._woken = asyncio.Event()  # set by watch events (on the event loop); binds to no loop until awaited
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    # -- wake-ups and timers ------------------------------------------------------------------------------------
+    def wake(self) -> None:
+        """A watch event on the job or one of its pods: run a full pass as soon as the loop may."""
+        self._woken.set()
+
+    def pass_due(self) -> bool:
+        """A wake-up makes the pass due at once, except while backing off after failed passes: the failure's
+        own status patch sends a watch event, which must not cut the backoff short."""
+        if self._woken.is_set() and not self.failures:
+            return True
+        return self.clock() >= self.next_pass
+
+    def _progress_due_in(self) -> float:
+        if self.progress_read_at is None:
+            return 0.0
+        return PROGRESS_EVERY_S - (self.clock() - self.progress_read_at)
+
+    def pause(self) -> Pause:
+        """After a step: until the next pass, or the next progress read of a followed job, whichever is first."""
+        until_pass = self.next_pass - self.clock()
+        if self.failures:
+            return Pause(max(0.0, until_pass), wakeable=False)
+        if self.followed is not None:
+            until_pass = min(until_pass, self._progress_due_in())
+        return Pause(max(0.0, until_pass), wakeable=True)
+
+    # -- one step -------------------------------------------------------------------------------------------------
+    def take(self, children: Callable[[], Children]) -> Children | None:
+        """When a full pass is due: clear the wake-up (an event during the pass triggers another) and copy the
+        children. Called on the event loop, which is what updates the indexes `children` reads."""
+        if not self.pass_due():
+            return None
+        self._woken.clear()
+        return children()
+
+    def tick(self, children: Children | None) -> Pause:
+        """A full pass when `take()` gave children, else a progress refresh when one is due. Blocking (API
+        calls): the daemon runs it in a worker thread."""
+        if children is not None:
+            self._full_pass(*children)
+        elif self.followed is not None and self._progress_due_in() <= 0:
+            try:
+                self.refresh_progress()
+            except Exception:
+                # Progress is best effort; the next full pass reports API errors in the job's status.
+                log.exception("progress refresh of %s/%s failed", self.namespace, self.name)
+        return self.pause()
+
+    def step(self, children: Callable[[], Children]) -> Pause:
+        """take() and tick() in one call, for callers without threads (the unit tests)."""
+        return self.tick(self.take(children))
+
+    async def run(self, stopped: Callable[[], bool], children: Callable[[], Children]) -> None:
+        """Steps until `stopped()`; sleeps between them, woken early by `wake()` unless backing off."""
+        loop = asyncio.get_running_loop()
+        while not stopped():
+            pause = await loop.run_in_executor(None, self.tick, self.take(children))
+            if not pause.wakeable:
+                await asyncio.sleep(pause.seconds)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), timeout=pause.seconds)
+
+    def _full_pass(self, pods: list[dict[str, Any]], objects: frozenset[str]) -> None:
+        try:
+            wait = self.reconcile_once(pods, objects)
+            if self.failures:
+                self._clear_error()
+            self.failures = 0
+        except Exception as e:
+            log.exception("reconcile of %s/%s failed", self.namespace, self.name)
+            wait = ERROR_BACKOFF_S[min(self.failures, len(ERROR_BACKOFF_S) - 1)]
+            self.failures += 1
+            try:
+                self._record_error(e)
+            except Exception:
+                log.exception("could not record the error in %s/%s status", self.namespace, self.name)
+        self.next_pass = self.clock() + wait
+
+    # -- the pass -------------------------------------------------------------------------------------------------
+    def reconcile_once(self, pods: list[dict[str, Any]], objects: frozenset[str]) -> float:
+        """One full pass. Returns seconds until the next one unless something wakes the loop earlier."""
+        ns, name = self.key
+        raw = self.api.get_job(ns, name)
+        if raw is None or raw["metadata"].get("deletionTimestamp"):
+            self.followed = None
+            return IDLE_REQUEUE_S
+        old_status = dict(raw.get("status") or {})
+        now = self.now()
+        try:
+            job = validate(raw)
+        except InvalidSpec as e:
+            # Admission normally rejects these; a job stored before a CRD upgrade can still be invalid.
+            status = copy.deepcopy(old_status)
+            if status.get("phase") != "Failed":
+                msg = "invalid spec: " + "; ".join(str(x) for x in e.errors)
+                status.update(phase="Failed", reason="InvalidSpec", message=msg, completionTime=iso(now))
+                set_condition(status, "Failed", True, "InvalidSpec", msg, now)
+                self.api.event(raw, "Warning", "InvalidSpec", msg)
+                self.api.patch_status(ns, name, old_status, status)
+            return IDLE_REQUEUE_S
+        job["status"] = raw.get("status") or {}
+        prog = self._read_progress(job, old_status) if old_status.get("phase") in FOLLOWED else None
+        plan = reconcile(job, Observed(pods, objects, now, prog, functools.partial(generate_keys, name)), self.config)
+        apply(self.api, job, old_status, plan)
+        RECONCILES.inc()
+        following = plan.status.get("phase") in FOLLOWED and not plan.delete_job
+        self.followed = (job, plan.status) if following else None
+        if plan.delete_job:
+            return IDLE_REQUEUE_S
+        if plan.requeue_after is not None:
+            return min(IDLE_REQUEUE_S, max(0.5, plan.requeue_after))
+        return IDLE_REQUEUE_S
+
+    def refresh_progress(self) -> None:
+        """Between full passes: read rank 0's log tail and patch status.progress alone when it changed."""
+        if self.followed is None:
+            return
+        job, status = self.followed
+        prog = self._read_progress(job, status)
+        if prog is None or prog == status.get("progress"):
+            return
+        new = {**status, "progress": prog}
+        self.api.patch_status(self.namespace, self.name, status, new)  # sends only the changed key: progress
+        self.followed = (job, new)
+
+    def _read_progress(self, job: dict[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Rank 0's newest progress folded onto status.progress, or None when it is not time to read again (every
+        PROGRESS_EVERY_S) or the log has no progress yet."""
+        if self._progress_due_in() > 0:
+            return None
+        self.progress_read_at = self.clock()  # before the read: a failing read must not be retried at once
+        text = self.api.log_tail(self.namespace, *rank0_log_source(job, status.get("phase")))
+        return progress.from_text(text, status.get("progress")) if text else None
+
+    # -- reconcile errors in the job's status -------------------------------------------------------------------
+    def _record_error(self, err: Exception) -> None:
+        """A reconcile error shows in the job's status, not only in the operator's log."""
+        RECONCILE_ERRORS.inc()
+        raw = self.api.get_job(self.namespace, self.name)
+        if raw is None:
+            return
+        old = dict(raw.get("status") or {})
+        new = copy.deepcopy(old)  # set_condition edits conditions in place: old must stay what the API holds
+        msg = f"reconcile error: {err}"
+        new["message"] = msg[:2000]
+        set_condition(new, "ReconcileError", True, type(err).__name__, msg[:2000], self.now())
+        self.api.patch_status(self.namespace, self.name, old, new)
+        self.api.event(raw, "Warning", "ReconcileError", msg)
+
+    def _clear_error(self) -> None:
+        raw = self.api.get_job(self.namespace, self.name)
+        if raw is None:
+            return
+        old = dict(raw.get("status") or {})
+        new = copy.deepcopy(old)  # set_condition edits conditions in place: old must stay what the API holds
+        set_condition(new, "ReconcileError", False, "Recovered", "reconciled successfully", self.now())
+        self.api.patch_status(self.namespace, self.name, old, new)
+
+
+class Loops:
+    """The running loops by (namespace, job name), so that watch events on a job or its pods reach its loop.
+    One per operator, kept in kopf's memo (handlers.py): every object's memo is a shallow copy of the
+    operator's, so they all share this registry."""
+
+    def __init__(self) -> None:
+        self._loops: dict[tuple[str, str], JobLoop] = {}
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        loop = self._loops.get((namespace or "", name or ""))
+        if loop is not None:
+            loop.wake()
+
+    def get(self, namespace: str, name: str) -> JobLoop | None:
+        return self._loops.get((namespace, name))
+
+    @contextlib.contextmanager
+    def running(self, loop: JobLoop) -> Iterator[JobLoop]:
+        """Registered while the job's daemon runs; its state goes with it."""
+        self._loops[loop.key] = loop
+        try:
+            yield loop
+        finally:
+            if self._loops.get(loop.key) is loop:
+                del self._loops[loop.key]

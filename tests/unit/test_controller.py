@@ -1,0 +1,301 @@
+"""The per-job loop's rules (wake-ups, idle requeue, error backoff, progress clock) with a fake clock and a fake
+API: the real Kubernetes API cannot run in this tier. tests/controlplane runs the same loop against a real
+kube-apiserver."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from datetime import datetime
+from typing import Any
+
+import kopf
+import pytest
+from ftjobs import make_job
+
+from finetune_operator import controller, handlers
+from finetune_operator.controller import (
+    ERROR_BACKOFF_S,
+    IDLE_REQUEUE_S,
+    PROGRESS_EVERY_S,
+    Children,
+    JobLoop,
+    Loops,
+)
+
+NS, NAME = "ns", "j"
+PROGRESS_LINE = 'FTJOB_PROGRESS {"event":"train","step":%d,"totalSteps":10,"loss":0.5}\n'
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class FakeApi:
+    """A job held in memory (fake API: no API server in the unit tier). Status patches are merged as the
+    server does; `fail_creates` makes creates raise, as an API error would."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.calls: list[str] = []
+        self.created: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str]] = []
+        self.patches: list[dict[str, Any]] = []
+        self.log = ""
+        self.fail_creates = False
+
+    def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
+        self.calls.append("get_job")
+        return copy.deepcopy(self.job)
+
+    def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        patch = {k: v for k, v in new.items() if old.get(k) != v} | {k: None for k in old if k not in new}
+        if patch:
+            self.patches.append(patch)
+            status = self.job.setdefault("status", {})
+            status.update(copy.deepcopy(patch))
+            for k in [k for k, v in status.items() if v is None]:
+                del status[k]
+
+    def event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        self.events.append((etype, reason))
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        if self.fail_creates:
+            raise RuntimeError("API says no")
+        self.created.append(obj)
+        return True
+
+    def delete_pod(self, ns: str, name: str) -> None:
+        self.calls.append(f"delete_pod {name}")
+
+    def delete_job(self, ns: str, name: str) -> None:
+        self.calls.append("delete_job")
+
+    def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None:
+        self.calls.append(f"log_tail {pod}/{container}")
+        return self.log
+
+
+def raises(err: Exception) -> Any:
+    def call(*_: Any, **__: Any) -> Any:
+        raise err
+
+    return call
+
+
+class World:
+    """A loop over one two-rank job; `pods` are what the indexes hold."""
+
+    def __init__(self) -> None:
+        raw = make_job(NAME, NS).nodes(2).classification().build()
+        raw["metadata"]["uid"] = "uid-1"
+        self.api = FakeApi(raw)
+        self.clock = FakeClock()
+        self.pods: list[dict[str, Any]] = []
+        self.loop = JobLoop(NS, NAME, self.api, {}, clock=self.clock, now=lambda: datetime(2026, 12, 2, 10))
+
+    def children(self) -> Children:
+        return list(self.pods), frozenset(f"{o['kind']}/{o['metadata']['name']}" for o in self.api.created
+                                          if o["kind"] != "Pod")  # fmt: skip
+
+    def step(self) -> controller.Pause:
+        return self.loop.step(self.children)
+
+    def passes(self) -> int:
+        return self.api.calls.count("get_job")
+
+    def running(self) -> None:
+        """Pods created by the passes so far are all Running."""
+        self.pods = [copy.deepcopy(o) | {"status": {"phase": "Running"}} for o in self.api.created
+                     if o["kind"] == "Pod"]  # fmt: skip
+
+
+def test_first_pass_at_once_then_idle_requeue() -> None:
+    w = World()
+    pause = w.step()
+    assert w.passes() == 1 and w.api.job["status"]["phase"] == "Pending"
+    assert pause == controller.Pause(IDLE_REQUEUE_S, wakeable=True)
+    w.clock.advance(IDLE_REQUEUE_S - 1)
+    w.step()
+    assert w.passes() == 1  # nothing woke it, not due yet
+    w.clock.advance(1)
+    w.step()
+    assert w.passes() == 2  # the idle safety net
+
+
+def test_a_wake_up_brings_the_pass_forward_once() -> None:
+    w = World()
+    w.step()
+    w.clock.advance(2)
+    w.loop.wake()
+    assert w.loop.pass_due()
+    w.step()
+    assert w.passes() == 2
+    w.step()
+    assert w.passes() == 2  # the wake-up was used up by that pass
+
+
+def test_a_wake_up_during_a_pass_triggers_another() -> None:
+    w = World()
+
+    def children_then_an_event() -> Children:
+        w.loop.wake()  # a watch event arrives while the pass runs
+        return w.children()
+
+    w.loop.step(children_then_an_event)
+    assert w.loop.pass_due()
+
+
+def test_error_backoff_grows_ignores_wake_ups_and_shows_in_status() -> None:
+    w = World()
+    w.api.fail_creates = True
+    waits = []
+    for _ in range(len(ERROR_BACKOFF_S) + 1):
+        pause = w.step()
+        assert not pause.wakeable
+        waits.append(pause.seconds)
+        w.loop.wake()  # the failure's own status patch is a watch event on the job
+        w.clock.advance(pause.seconds - 0.1)
+        assert not w.loop.pass_due(), "a wake-up cut the backoff short"
+        w.clock.advance(0.1)
+    assert waits == [*ERROR_BACKOFF_S, ERROR_BACKOFF_S[-1]]
+    cond = {c["type"]: c for c in w.api.job["status"]["conditions"]}["ReconcileError"]
+    assert cond["status"] == "True" and cond["reason"] == "RuntimeError"
+    assert "reconcile error: API says no" in w.api.job["status"]["message"]
+    assert ("Warning", "ReconcileError") in w.api.events
+    # Recovery: the condition turns False and the loop is wakeable again.
+    w.api.fail_creates = False
+    pause = w.step()
+    assert pause == controller.Pause(IDLE_REQUEUE_S, wakeable=True) and w.loop.failures == 0
+    cond = {c["type"]: c for c in w.api.job["status"]["conditions"]}["ReconcileError"]
+    assert cond["status"] == "False" and cond["reason"] == "Recovered"
+
+
+def test_an_error_while_recording_the_error_still_backs_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World()
+    w.api.fail_creates = True
+    monkeypatch.setattr(w.api, "patch_status", raises(RuntimeError("status too")))
+    assert w.step() == controller.Pause(ERROR_BACKOFF_S[0], wakeable=False)
+
+
+def test_progress_is_read_every_interval_between_passes_and_patched_only_when_changed() -> None:
+    w = World()
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()  # Pending -> Running: the job is now followed
+    assert w.api.job["status"]["phase"] == "Running" and w.loop.followed is not None
+    w.api.log = PROGRESS_LINE % 1
+    w.loop.wake()
+    pause = w.step()  # a pass of a Running job reads rank 0's log
+    assert w.api.calls.count("log_tail j-rank-0/trainer") == 1
+    assert w.api.job["status"]["progress"]["step"] == 1
+    assert pause == controller.Pause(PROGRESS_EVERY_S, wakeable=True)  # the progress clock comes before the pass
+
+    patches = len(w.api.patches)
+    w.clock.advance(PROGRESS_EVERY_S / 2)
+    w.step()
+    assert w.api.calls.count("log_tail j-rank-0/trainer") == 1  # not yet
+    w.clock.advance(PROGRESS_EVERY_S / 2)
+    w.step()  # a refresh, not a pass: no GET of the job
+    assert w.api.calls.count("log_tail j-rank-0/trainer") == 2 and w.passes() == 3
+    assert len(w.api.patches) == patches  # same progress: nothing sent
+    w.api.log = PROGRESS_LINE % 2
+    w.clock.advance(PROGRESS_EVERY_S)
+    w.step()
+    assert w.api.patches[-1].keys() == {"progress"} and w.api.job["status"]["progress"]["step"] == 2
+
+
+def test_a_failing_log_read_is_not_retried_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World()
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()
+    w.loop.wake()
+    w.step()
+    monkeypatch.setattr(w.api, "log_tail", raises(RuntimeError("log gone")))
+    w.clock.advance(PROGRESS_EVERY_S)
+    assert w.step().seconds == PROGRESS_EVERY_S  # logged, and the next read waits a whole interval
+
+
+def test_finished_jobs_are_not_followed() -> None:
+    w = World()
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()
+    assert w.loop.followed is not None
+    for pod in w.pods:
+        pod["status"]["phase"] = "Succeeded"
+    w.loop.wake()
+    pause = w.step()
+    assert w.api.job["status"]["phase"] == "Succeeded" and w.loop.followed is None
+    assert pause.seconds == IDLE_REQUEUE_S
+
+
+def test_deadline_requeue_comes_before_the_idle_one() -> None:
+    w = World()
+    w.api.job["spec"]["runPolicy"] = {"activeDeadlineSeconds": 5}
+    assert w.step().seconds == IDLE_REQUEUE_S  # the first pass sets startTime (the fake wall clock stands still)
+    w.loop.wake()
+    assert w.step().seconds == 5
+
+
+def test_loops_route_wake_ups_and_forget_finished_loops() -> None:
+    loops = Loops()
+    a, b = World().loop, JobLoop("other", "k", World().api, {})
+    with loops.running(a), loops.running(b):
+        a.next_pass = b.next_pass = float("inf")
+        loops.wake(NS, NAME)
+        assert a.pass_due() and not b.pass_due()
+        loops.wake("nowhere", "none")  # a pod of a job without a loop: ignored
+    assert loops.get(NS, NAME) is None and loops.get("other", "k") is None
+
+
+def test_run_sleeps_until_woken() -> None:
+    """The asyncio side: the loop sleeps IDLE_REQUEUE_S of real time unless woken, and stops when asked."""
+    w = World()
+    w.loop.clock = time.monotonic
+    w.loop.next_pass = time.monotonic()
+    stop = False
+
+    async def drive() -> None:
+        task = asyncio.create_task(w.loop.run(lambda: stop, w.children))
+
+        async def until(cond: Any) -> None:
+            deadline = time.monotonic() + 10
+            while not cond():
+                assert time.monotonic() < deadline, "timed out"
+                await asyncio.sleep(0.01)
+
+        nonlocal stop
+        await until(lambda: w.passes() == 1)
+        w.loop.wake()
+        await until(lambda: w.passes() == 2)
+        stop = True
+        w.loop.wake()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(drive())
+    assert w.passes() == 2
+
+
+def test_the_daemon_reads_children_only_from_registered_indexes() -> None:
+    """The job daemon has no LIST fallback: every index it reads is registered with kopf, which passes all
+    registered indexes to every handler."""
+    registry = kopf.get_default_registry()
+    indexes = {str(h.id) for h in registry._indexing.get_all_handlers()}
+    assert set(handlers._index_ids({})) <= indexes
+    assert "job_daemon" in {str(h.id) for h in registry._spawning.get_all_handlers()}
+    # The NetworkPolicy index is added by run_operator() when the config enables policies, before kopf runs.
+    assert handlers._index_ids({"networkPolicy": {"enabled": True}})[-1] == "job_networkpolicies"
