@@ -129,25 +129,19 @@ def default_mpirun(impl: str, which: object = shutil.which, env: Mapping[str, st
 
 
 def intel_mpi_env(binary: str, env: Mapping[str, str], which: object = shutil.which) -> dict[str, str]:
-    """What Intel MPI's own env/vars.sh would add, for the installation `binary` belongs to. Its `mpirun` is a
-    script that runs `mpiexec.hydra` from PATH (Debian's MPICH has one too), so its bin dir goes first; ranks
-    that call MPI_Init (a spec.command with mpi4py) find its libmpi/libfabric through LD_LIBRARY_PATH. Hydra
-    starts its proxies (also remotely, over ssh) by absolute path from its own directory, and -genvall carries
-    this env to every rank. Loopback needs no FI_PROVIDER: libfabric picks tcp, shared memory within a node."""
+    """The part of Intel MPI's env/vars.sh that its launcher needs, for the installation `binary` belongs to.
+    Its `mpirun` is a script that runs `mpiexec.hydra` from PATH (Debian's MPICH has one too), so its bin dir
+    goes first; Hydra starts its proxies (also remotely, over ssh) by absolute path from its own directory, and
+    -genvall carries this env to every rank. LD_LIBRARY_PATH is left alone: the built-in worker only reads
+    Hydra's PMI_* variables, and oneCCL's bindings bring their own libmpi; a spec.command that calls MPI_Init
+    with the impi-rt wheel sets `LD_LIBRARY_PATH=$I_MPI_ROOT/lib` itself (docs/runtime.md). Loopback needs no
+    FI_PROVIDER: libfabric picks tcp, shared memory within a node."""
     resolved = which(binary) if "/" not in binary else binary  # type: ignore[operator]
     if not resolved or not is_intel_mpi(str(resolved)):
         return {}
     bin_dir = Path(str(resolved)).resolve().parent
-    prefix = bin_dir.parent
-
-    def first(var: str, d: Path) -> str:
-        parts = [p for p in (env.get(var) or "").split(":") if p and p != str(d)]
-        return ":".join([str(d), *parts])
-
-    out = {"PATH": first("PATH", bin_dir), "I_MPI_ROOT": env.get("I_MPI_ROOT") or str(prefix)}
-    if (prefix / "lib" / "libmpi.so.12").exists():
-        out["LD_LIBRARY_PATH"] = first("LD_LIBRARY_PATH", prefix / "lib")
-    return out
+    rest = [p for p in (env.get("PATH") or "").split(":") if p and p != str(bin_dir)]
+    return {"PATH": ":".join([str(bin_dir), *rest]), "I_MPI_ROOT": env.get("I_MPI_ROOT") or str(bin_dir.parent)}
 
 
 def forwarded_vars(env: Mapping[str, str]) -> list[str]:

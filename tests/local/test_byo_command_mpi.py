@@ -21,16 +21,17 @@ IMPLS = [*MPI_IMPLEMENTATIONS, *(f"intel-{v}" for v in sorted(set(impi_versions(
 RANK = 'int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "-1")))'
 
 
-def _run(request: pytest.FixtureRequest, tmp_path: Path, impl: str, prog: str,
-         timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], SentinelHome]:
+def _run(request: pytest.FixtureRequest, tmp_path: Path, impl: str, prog: str | list[str], timeout: float = 120,
+         **extra: str) -> tuple[subprocess.CompletedProcess[str], SentinelHome]:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n" if impl == "openmpi" else "localhost:2\n")
     home = SentinelHome(tmp_path / "home")
     env = {**os.environ, **mpi_env(request, impl), "HOME": str(home.path), "FTJOB_HOSTFILE": str(hostfile),
            "FTJOB_WORLD_SIZE": "2", "FTJOB_MPI_SLOTS_PER_NODE": "2", "FTJOB_SSH_DIR": str(tmp_path / "ssh"),
-           "FTJOB_SSH_SECRET_DIR": str(tmp_path / "none")}
-    r = subprocess.run([RUNTIME, "mpirun", "--", sys.executable, "-c", prog], env=env, capture_output=True,
-                       text=True, timeout=timeout, cwd=tmp_path)
+           "FTJOB_SSH_SECRET_DIR": str(tmp_path / "none"), **extra}
+    argv = [sys.executable, "-c", prog] if isinstance(prog, str) else prog
+    r = subprocess.run([RUNTIME, "mpirun", "--", *argv], env=env, capture_output=True, text=True, timeout=timeout,
+                       cwd=tmp_path)
     return r, home
 
 
@@ -74,4 +75,19 @@ def test_failed_rank_ends_the_run(tmp_path: Path, impl: str, request: pytest.Fix
     while Path(f"/proc/{rank0}").exists() and time.monotonic() < end:
         time.sleep(0.2)  # poll until the deadline
     assert not Path(f"/proc/{rank0}").exists(), f"rank 0 (pid {rank0}) outlived the failed run"
+    home.assert_unchanged()
+
+
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i.startswith("intel-")])
+def test_intel_mpi_program_runs_with_the_wheels_library(tmp_path: Path, impl: str,
+                                                        request: pytest.FixtureRequest) -> None:
+    """An MPI program (the wheel's own IMB-MPI1 benchmark: MPI_Init, messages, MPI_Finalize) as a spec.command:
+    with LD_LIBRARY_PATH=$I_MPI_ROOT/lib from the job's env, and no FI_PROVIDER, over loopback."""
+    root = mpi_env(request, impl)["I_MPI_ROOT"]
+    r, home = _run(request, tmp_path, impl, [f"{root}/bin/IMB-MPI1", "PingPong", "-msglog", "2:3"],
+                   LD_LIBRARY_PATH=f"{root}/lib", I_MPI_DEBUG="5")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    major_minor = ".".join(impl.partition("-")[2].split(".")[:2])  # Intel prints "Version 2021.15  Build ..."
+    assert f"Intel(R) MPI Library, Version {major_minor}" in r.stdout, r.stdout[-3000:]
+    assert "#processes = 2" in r.stdout and "All processes entering MPI_Finalize" in r.stdout
     home.assert_unchanged()

@@ -52,6 +52,9 @@ def test_local_mpi_hostfile_matches_implementation(tmp_path: Path) -> None:
     env, _, procs, _ = local_env(job, tmp_path, None, None, None)
     assert Path(env["FTJOB_HOSTFILE"]).read_text() == f"localhost slots={procs}\n"
     assert desired(job, ssh_keys=generate_keys("x")).layout.launcher == "mpi"
+    job["spec"]["mpi"]["implementation"] = "intel"  # Hydra's dialect, as MPICH
+    env, _, procs, _ = local_env(job, tmp_path, None, None, None)
+    assert Path(env["FTJOB_HOSTFILE"]).read_text() == f"localhost:{procs}\n"
 
 
 def _run_example(job: str | Path, workdir: Path, output: str,
