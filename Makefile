@@ -39,8 +39,8 @@ demo: setup ## Fine-tune the tiny Japanese sentiment BERT locally (2 ranks, torc
 	rm -rf _out/demo
 	$(VENV)/bin/ftjob run -f examples/jobs/demo-ja-sentiment.yaml --workdir _out/demo
 
-test-local: setup ## `ftjob run` tier: real local torchrun and MPICH trainings with the pods' environment
-	./hack/apt-install.sh mpich
+test-local: setup impi ## `ftjob run` tier: real local torchrun and MPI (MPICH, OpenMPI, Intel MPI) runs with the pods' environment
+	./hack/apt-install.sh --tier test-local
 	$(PY) -m pytest -q tests/local
 TEST_TIERS += test-local
 

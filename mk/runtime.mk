@@ -1,20 +1,32 @@
 # In-pod training runtime (runtime/finetune_runtime, docs/runtime.md): real 2-rank torchrun and mpirun
 # trainings on CPU with the tiny models and the sample data under examples/.
-.PHONY: runtime-deps typecheck-runtime test-runtime test-runtime-fast test-runtime-tf457 runtime-vocab runtime-samples
+.PHONY: runtime-deps impi typecheck-runtime test-runtime test-runtime-fast test-runtime-tf457 runtime-vocab runtime-samples
 
-RUNTIME_APT := mpich openmpi-bin openssh-server openssh-client
 TF457_VENV := $(ROOT)/.venv-tf457
 
-runtime-deps: ## Debian packages the runtime tests use (MPICH, OpenMPI, OpenSSH)
-	$(ROOT)/hack/apt-install.sh $(RUNTIME_APT)
+runtime-deps: ## Debian packages the runtime tests use (MPICH, OpenMPI, OpenSSH: hack/tier-packages.txt)
+	$(ROOT)/hack/apt-install.sh --tier test-runtime
+
+# Intel MPI for the tests: the impi-rt wheels the xeon images pin (images/xeon/requirements-*.txt, so the tests
+# run exactly the images' versions), each in a venv of its own, .venv-impi/<version>: the wheel's bin/ holds a
+# `mpirun` that must not shadow Debian's on anyone's PATH. 2021.19 needs libfabric>=2.6, which PyPI lacks.
+IMPI_DIR := $(ROOT)/.venv-impi
+IMPI_VERSIONS := $(sort $(shell sed -n 's/^impi-rt==//p' $(ROOT)/images/xeon/requirements-*.txt))
+
+$(IMPI_DIR)/%/.stamp: $(UV)
+	[ -x $(IMPI_DIR)/$*/bin/python ] || $(UV) venv --python 3.11 $(IMPI_DIR)/$*
+	VIRTUAL_ENV=$(IMPI_DIR)/$* $(UV) pip install "impi-rt==$*"
+	touch $@
+
+impi: $(foreach v,$(IMPI_VERSIONS),$(IMPI_DIR)/$(v)/.stamp) ## Intel MPI runtimes (impi-rt, the xeon images' versions) in .venv-impi/
 
 typecheck-runtime: setup ## mypy --strict on the runtime package
 	$(VENV)/bin/mypy --strict runtime/finetune_runtime
 
-test-runtime: setup runtime-deps typecheck-runtime ## Runtime tier: units, samples, 2-rank torchrun/mpirun trainings, resume, precompile
+test-runtime: setup runtime-deps impi typecheck-runtime ## Runtime tier: units, samples, 2-rank torchrun/mpirun trainings, resume, precompile
 	$(PY) -m pytest -q tests/runtime
 
-test-runtime-fast: setup ## Runtime tier without the trainings (marker `slow` deselected)
+test-runtime-fast: setup runtime-deps impi ## Runtime tier without the trainings (marker `slow` deselected)
 	$(PY) -m pytest -q tests/runtime -m "not slow"
 
 # transformers 4.57 is the newest release the Neuron stack pins (docs/runtime.md); the uv cache hardlinks torch,
@@ -24,7 +36,7 @@ $(TF457_VENV)/.stamp: $(UV) runtime/pyproject.toml
 	VIRTUAL_ENV=$(TF457_VENV) $(UV) pip install -e runtime "transformers==4.57.*" "pytest>=9" pytest-timeout hypothesis
 	touch $@
 
-test-runtime-tf457: $(TF457_VENV)/.stamp runtime-deps ## Runtime units + QA/demo trainings under transformers 4.57
+test-runtime-tf457: $(TF457_VENV)/.stamp runtime-deps impi ## Runtime units + QA/demo trainings under transformers 4.57
 	$(TF457_VENV)/bin/python -m pytest -q tests/runtime -m "not slow or tf457"
 
 runtime-vocab: setup ## Rebuild the tiny models' vocab.txt (and vocab_size) from the sample data

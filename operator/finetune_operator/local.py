@@ -120,6 +120,9 @@ def local_env(
             "FTJOB_MASTER_PORT": str(_free_port()),
             "HF_HOME": os.environ.get("HF_HOME", str(cache / "hf")),
             "HOME": os.environ.get("HOME", str(workdir)),
+            # The runtime's ssh keys, client config and ssh wrapper (pods: the image user's ~/.ssh). Never the
+            # user's own ~/.ssh: `mpirun` writes a `Host *` config there that would redirect every later ssh.
+            "FTJOB_SSH_DIR": str((workdir / "ssh").resolve()),
         }
     )
     env.pop("FTJOB_OUTPUT_URL", None)  # local runs keep results on disk

@@ -34,26 +34,28 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
 
 def cmd_mpirun(ns: argparse.Namespace) -> int:
-    from finetune_runtime.launcher import mpirun_command, parse_hostfile, write_ssh_config, write_ssh_wrapper
-    from finetune_runtime.sshd import install_keys
+    from finetune_runtime.launcher import mpirun_plan, parse_hostfile, write_ssh_config, write_ssh_wrapper
+    from finetune_runtime.sshd import DEFAULT_SECRET_DIR, install_keys, runtime_ssh_dir
 
-    home = Path(os.environ.get("HOME") or "/home/ftjob")
-    secret = Path(os.environ.get("FTJOB_SSH_SECRET_DIR") or "/etc/ftjob/ssh")
+    ssh_dir = runtime_ssh_dir(os.environ)
+    secret = Path(os.environ.get("FTJOB_SSH_SECRET_DIR") or DEFAULT_SECRET_DIR)
     if secret.is_dir():
-        install_keys(secret, home, required=("id_ed25519",))
+        install_keys(secret, ssh_dir, required=("id_ed25519",))
     hostfile = os.environ.get("FTJOB_HOSTFILE", "")
     hosts = [h.host for h in parse_hostfile(Path(hostfile).read_text())] if hostfile else []
-    wrapper = write_ssh_wrapper(write_ssh_config(os.environ, hosts, home))
+    wrapper = write_ssh_wrapper(write_ssh_config(os.environ, hosts, ssh_dir))
     program = ns.program[1:] if ns.program[:1] == ["--"] else ns.program
-    argv = mpirun_command(os.environ, ssh_exec=str(wrapper), program=program or None)
+    argv, extra = mpirun_plan(os.environ, ssh_exec=str(wrapper), program=program or None)
     print("ftjob-runtime mpirun: " + " ".join(argv), flush=True)
-    return _exec(argv)
+    for k, v in sorted(extra.items()):
+        print(f"ftjob-runtime mpirun: {k}={v}", flush=True)
+    return _exec(argv, extra)
 
 
 def cmd_sshd(_: argparse.Namespace) -> int:
     from finetune_runtime.sshd import prepare_sshd
 
-    argv = prepare_sshd(os.environ, Path(os.environ.get("HOME") or "/home/ftjob"))
+    argv = prepare_sshd(os.environ)
     print("ftjob-runtime sshd: " + " ".join(argv), flush=True)
     return _exec(argv)
 

@@ -6,6 +6,7 @@ The builders are pure functions of an env mapping (unit-tested); the commands ex
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Mapping
@@ -92,16 +93,55 @@ def parse_hostfile(text: str) -> list[HostSlots]:
     return out
 
 
-def default_mpirun(impl: str, which: object = shutil.which) -> str:
+def is_intel_mpi(binary: str) -> bool:
+    """An Intel MPI mpirun/mpiexec.hydra: `impi_info` lies beside it (oneAPI and the impi-rt wheel alike).
+    Debian's MPICH also installs an `mpiexec.hydra`, so the name alone says nothing."""
+    return (Path(binary).resolve().parent / "impi_info").is_file()
+
+
+def default_mpirun(impl: str, which: object = shutil.which, env: Mapping[str, str] | None = None) -> str:
     """Debian installs mpirun.mpich and mpirun.openmpi side by side; plain `mpirun` is whichever the
-    alternatives system picked (OpenMPI when both are present), so prefer the implementation's own name."""
-    names = {"mpich": ["mpirun.mpich", "mpiexec.mpich", "mpirun"], "openmpi": ["mpirun.openmpi", "mpirun"],
-             "intel": ["mpirun", "mpiexec.hydra"]}[impl]
+    alternatives system picked (OpenMPI when both are present), so prefer the implementation's own name.
+    Intel MPI: `$I_MPI_ROOT/bin/mpirun` (oneAPI's setvars.sh sets I_MPI_ROOT; the xeon images set it to their
+    venv, where the impi-rt wheel puts Intel MPI), else an Intel `mpirun` on PATH; never another MPI's."""
+    if impl == "intel":
+        root = (env or {}).get("I_MPI_ROOT")
+        tried = []
+        if root:
+            cand = str(Path(root) / "bin" / "mpirun")
+            tried.append(cand)
+            if is_intel_mpi(cand):
+                return cand
+        for n in ("mpirun", "mpiexec.hydra"):
+            found = which(n)  # type: ignore[operator]
+            tried.append(f"{n} on PATH" + (f" ({found}: not Intel MPI)" if found else ""))
+            if found and is_intel_mpi(str(found)):
+                return str(found)
+        raise MissingStackError(f"no Intel MPI mpirun (tried {', '.join(tried)}); use the {IMAGES['xeon']} image, "
+                                "or set I_MPI_ROOT to an Intel MPI installation (oneAPI's setvars.sh, or the "
+                                "prefix the impi-rt wheel was installed into) or FTJOB_MPIRUN to its mpirun")
+    names = {"mpich": ["mpirun.mpich", "mpiexec.mpich", "mpirun"], "openmpi": ["mpirun.openmpi", "mpirun"]}[impl]
     for n in names:
         if which(n):  # type: ignore[operator]
             return n
     raise MissingStackError(f"no mpirun for {impl} on PATH (tried {', '.join(names)}); use the "
                             f"{IMAGES['xeon']} image or install the MPI implementation")
+
+
+def intel_mpi_env(binary: str, env: Mapping[str, str], which: object = shutil.which) -> dict[str, str]:
+    """The part of Intel MPI's env/vars.sh that its launcher needs, for the installation `binary` belongs to.
+    Its `mpirun` is a script that runs `mpiexec.hydra` from PATH (Debian's MPICH has one too), so its bin dir
+    goes first; Hydra starts its proxies (also remotely, over ssh) by absolute path from its own directory, and
+    -genvall carries this env to every rank. LD_LIBRARY_PATH is left alone: the built-in worker only reads
+    Hydra's PMI_* variables, and oneCCL's bindings bring their own libmpi; a spec.command that calls MPI_Init
+    with the impi-rt wheel sets `LD_LIBRARY_PATH=$I_MPI_ROOT/lib` itself (docs/runtime.md). Loopback needs no
+    FI_PROVIDER: libfabric picks tcp, shared memory within a node."""
+    resolved = which(binary) if "/" not in binary else binary  # type: ignore[operator]
+    if not resolved or not is_intel_mpi(str(resolved)):
+        return {}
+    bin_dir = Path(str(resolved)).resolve().parent
+    rest = [p for p in (env.get("PATH") or "").split(":") if p and p != str(bin_dir)]
+    return {"PATH": ":".join([str(bin_dir), *rest]), "I_MPI_ROOT": env.get("I_MPI_ROOT") or str(bin_dir.parent)}
 
 
 def forwarded_vars(env: Mapping[str, str]) -> list[str]:
@@ -112,7 +152,8 @@ def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root
                    which: object = shutil.which, ssh_exec: str | None = None,
                    program: list[str] | None = None) -> list[str]:
     """The mpirun argv. `ssh_exec`: the program mpirun uses to reach other hosts (`ftjob-ssh`, which runs
-    `ssh -F <our config>`; ssh itself reads ~/.ssh/config from the passwd home, which need not be $HOME).
+    `ssh -F <our config>`: without -F ssh would read ~/.ssh/config from the passwd home, which need not be
+    $HOME, and a user's own config must stay untouched under `ftjob run`).
     `program`: what every rank runs; default the runtime's worker, else a job's own command (spec.command)."""
     impl = env.get("FTJOB_MPI_IMPLEMENTATION") or "openmpi"
     if impl not in ("intel", "mpich", "openmpi"):
@@ -120,7 +161,7 @@ def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root
     hostfile = _need(env, "FTJOB_HOSTFILE")
     world = _need(env, "FTJOB_WORLD_SIZE")
     slots = _need(env, "FTJOB_MPI_SLOTS_PER_NODE")
-    binary = env.get("FTJOB_MPIRUN") or default_mpirun(impl, which)
+    binary = env.get("FTJOB_MPIRUN") or default_mpirun(impl, which, env)
     worker = list(program) if program else [python, "-m", "finetune_runtime", "worker"]
     if impl in ("intel", "mpich"):
         # Hydra: -genvall exports the launcher's whole environment to every rank. MPICH names its remote
@@ -144,13 +185,23 @@ def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root
     return cmd + worker
 
 
-def ssh_config(env: Mapping[str, str], hosts: list[str], home: Path) -> str:
-    """~/.ssh/config for mpirun's ssh bootstrap (Hydra and OpenMPI both run plain `ssh HOST`).
+def mpirun_plan(env: Mapping[str, str], python: str = sys.executable, which: object = shutil.which,
+                ssh_exec: str | None = None, program: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra env) for `mpirun`: the command, plus Intel MPI's own environment when it is Intel MPI."""
+    argv = mpirun_command(env, python, which=which, ssh_exec=ssh_exec, program=program)
+    intel = (env.get("FTJOB_MPI_IMPLEMENTATION") or "openmpi") == "intel"
+    return argv, (intel_mpi_env(argv[0], env, which) if intel else {})
+
+
+def ssh_config(env: Mapping[str, str], hosts: list[str], ssh_dir: Path) -> str:
+    """The ssh client config for mpirun's remote launcher (Hydra and OpenMPI both run plain `ssh HOST`; the
+    wrapper adds `-F` this file). It lives in the runtime's ssh dir (sshd.runtime_ssh_dir), never in a user's
+    ~/.ssh unless that is the runtime's dir (pods).
 
     `Host *` rather than the hostfile names: OpenMPI's daemons may ssh onward to names in other spellings."""
     port = env.get("FTJOB_SSH_PORT") or DEFAULT_SSH_PORT
     lines = [f"# written by ftjob-runtime mpirun for: {' '.join(hosts) or 'no hosts'}",
-             "Host *", f"  Port {port}", f"  IdentityFile {home / '.ssh' / 'id_ed25519'}", "  IdentitiesOnly yes",
+             "Host *", f"  Port {port}", f"  IdentityFile {ssh_dir / 'id_ed25519'}", "  IdentitiesOnly yes",
              # Host keys come from the job's own Secret, but pods get new IPs on restart: skip known_hosts
              # bookkeeping rather than failing on a changed address.
              "  StrictHostKeyChecking no", "  UserKnownHostsFile /dev/null", "  LogLevel ERROR",
@@ -158,19 +209,18 @@ def ssh_config(env: Mapping[str, str], hosts: list[str], home: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_ssh_config(env: Mapping[str, str], hosts: list[str], home: Path) -> Path:
-    d = home / ".ssh"
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(d, 0o700)
-    cfg = d / "config"
-    cfg.write_text(ssh_config(env, hosts, home), encoding="utf-8")
+def write_ssh_config(env: Mapping[str, str], hosts: list[str], ssh_dir: Path) -> Path:
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(ssh_dir, 0o700)
+    cfg = ssh_dir / "config"
+    cfg.write_text(ssh_config(env, hosts, ssh_dir), encoding="utf-8")
     os.chmod(cfg, 0o600)
     return cfg
 
 
 def write_ssh_wrapper(cfg: Path) -> Path:
-    """`~/.ssh/ftjob-ssh`: ssh with our client config, for mpirun's remote launcher."""
+    """`ftjob-ssh` beside the config: ssh with our client config, for mpirun's remote launcher."""
     w = cfg.parent / "ftjob-ssh"
-    w.write_text(f'#!/bin/sh\nexec ssh -F "{cfg}" "$@"\n', encoding="utf-8")
+    w.write_text(f'#!/bin/sh\nexec ssh -F {shlex.quote(str(cfg))} "$@"\n', encoding="utf-8")
     os.chmod(w, 0o700)
     return w

@@ -1,7 +1,9 @@
 """`sshd` for MPI worker pods: install the job's keys with the modes ssh insists on, run sshd as the image user.
 
 The Secret is mounted read-only with mode 0400 and owned by root; sshd (StrictModes) and ssh refuse keys that
-others can read or that live in group-writable directories, so the files are copied into $HOME/.ssh.
+others can read or that live in group-writable directories, so the files are copied into the runtime's ssh
+directory: `$FTJOB_SSH_DIR`, else `$HOME/.ssh` (the image user's home in pods; `ftjob run` points it into its
+workdir so that a user's own ~/.ssh is never written).
 """
 
 from __future__ import annotations
@@ -12,14 +14,20 @@ from collections.abc import Mapping
 from pathlib import Path
 
 DEFAULT_SECRET_DIR = "/etc/ftjob/ssh"
+DEFAULT_HOME = "/home/ftjob"  # the image user's home (images/common/add-user.sh)
 KEY_MODES = {"id_ed25519": 0o600, "id_ed25519.pub": 0o644, "authorized_keys": 0o600,
              "ssh_host_ed25519_key": 0o600, "ssh_host_ed25519_key.pub": 0o644}
 
 
-def install_keys(secret_dir: Path, home: Path, required: tuple[str, ...] = tuple(KEY_MODES)) -> Path:
-    ssh_dir = home / ".ssh"
+def runtime_ssh_dir(env: Mapping[str, str]) -> Path:
+    """Where the job's keys, ssh/sshd configs and the ssh wrapper live (read by `mpirun` and `sshd`)."""
+    if env.get("FTJOB_SSH_DIR"):
+        return Path(env["FTJOB_SSH_DIR"])
+    return Path(env.get("HOME") or DEFAULT_HOME) / ".ssh"
+
+
+def install_keys(secret_dir: Path, ssh_dir: Path, required: tuple[str, ...] = tuple(KEY_MODES)) -> Path:
     ssh_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(home, os.stat(home).st_mode & ~0o022)  # StrictModes also checks the home directory
     os.chmod(ssh_dir, 0o700)
     missing = [n for n in required if not (secret_dir / n).is_file()]
     if missing:
@@ -55,18 +63,19 @@ def sshd_config(ssh_dir: Path, port: str) -> str:
     ]) + "\n"
 
 
-def sshd_plan(env: Mapping[str, str], home: Path) -> tuple[list[str], Path]:
+def sshd_plan(ssh_dir: Path) -> tuple[list[str], Path]:
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-    ssh_dir = home / ".ssh"
     cfg = ssh_dir / "sshd_config"
     return [sshd, "-D", "-e", "-f", str(cfg)], cfg
 
 
-def prepare_sshd(env: Mapping[str, str], home: Path) -> list[str]:
+def prepare_sshd(env: Mapping[str, str]) -> list[str]:
     secret = Path(env.get("FTJOB_SSH_SECRET_DIR") or DEFAULT_SECRET_DIR)
-    ssh_dir = install_keys(secret, home)
-    argv, cfg = sshd_plan(env, home)
-    cfg.write_text(sshd_config(ssh_dir, env.get("FTJOB_SSH_PORT") or "2222"), encoding="utf-8")
+    d = install_keys(secret, runtime_ssh_dir(env))
+    # StrictModes also checks the directory above (the home in pods): no group/other write there.
+    os.chmod(d.parent, os.stat(d.parent).st_mode & ~0o022)
+    argv, cfg = sshd_plan(d)
+    cfg.write_text(sshd_config(d, env.get("FTJOB_SSH_PORT") or "2222"), encoding="utf-8")
     os.chmod(cfg, 0o600)
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # root sshd wants its privilege-separation dir

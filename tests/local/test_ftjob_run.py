@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from homes import SentinelHome
+from tierdeps import MPI_IMPLEMENTATIONS, mpi_env
 
 from finetune_operator import progress
 from finetune_operator.admission import validate
@@ -31,11 +34,14 @@ def test_local_env_is_the_pod_env_with_local_paths(tmp_path: Path) -> None:
     env, nodes, procs, _ = local_env(job, tmp_path, None, None, None)
     assert (nodes, procs) == (1, 2)
     local_only = {"FTJOB_CONFIG", "FTJOB_CACHE_DIR", "FTJOB_OUTPUT_DIR", "FTJOB_MASTER_ADDR", "FTJOB_MASTER_PORT",
-                  "HF_HOME", "HOME", "OMP_NUM_THREADS", "FTJOB_NODE_RANK", "FTJOB_NAMESPACE", "FTJOB_JOB_NAME"}
+                  "HF_HOME", "HOME", "OMP_NUM_THREADS", "FTJOB_NODE_RANK", "FTJOB_NAMESPACE", "FTJOB_JOB_NAME",
+                  "FTJOB_SSH_DIR"}
     same = {k for k in pod_env if k not in local_only}
     assert {k: env[k] for k in same} == {k: pod_env[k] for k in same}
     assert env["FTJOB_MASTER_ADDR"] == "127.0.0.1"
     assert env["FTJOB_OUTPUT_DIR"] == str((tmp_path / "output" / "demo-ja").resolve())
+    assert env["FTJOB_SSH_DIR"] == str((tmp_path / "ssh").resolve())  # never the user's ~/.ssh
+    assert "FTJOB_SSH_DIR" not in pod_env  # pods keep the image user's ~/.ssh
 
 
 def test_local_mpi_hostfile_matches_implementation(tmp_path: Path) -> None:
@@ -46,25 +52,33 @@ def test_local_mpi_hostfile_matches_implementation(tmp_path: Path) -> None:
     env, _, procs, _ = local_env(job, tmp_path, None, None, None)
     assert Path(env["FTJOB_HOSTFILE"]).read_text() == f"localhost slots={procs}\n"
     assert desired(job, ssh_keys=generate_keys("x")).layout.launcher == "mpi"
+    job["spec"]["mpi"]["implementation"] = "intel"  # Hydra's dialect, as MPICH
+    env, _, procs, _ = local_env(job, tmp_path, None, None, None)
+    assert Path(env["FTJOB_HOSTFILE"]).read_text() == f"localhost:{procs}\n"
 
 
-def _run_example(job: str, workdir: Path, output: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-    """`ftjob run` of examples/jobs/JOB from the repository root; the run's metrics.json."""
+def _run_example(job: str | Path, workdir: Path, output: str,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """`ftjob run` of examples/jobs/JOB (or a job file) from the repository root, with HOME a stand-in for a
+    user's home that must stay as it was; the run's metrics.json."""
+    home = SentinelHome(workdir.parent / f"{workdir.name}-home")
     r = subprocess.run([FTJOB, "run", "-f", str(ROOT / "examples" / "jobs" / job), "--workdir", str(workdir)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=900)
+                       capture_output=True, text=True, cwd=ROOT, timeout=900,
+                       env={**os.environ, **(env or {}), "HOME": str(home.path)})
     assert r.returncode == 0, r.stderr[-3000:]
+    home.assert_unchanged()
     return r, json.loads((workdir / "output" / output / "metrics.json").read_text())
 
 
 @pytest.mark.slow
 def test_demo_job_trains_two_ranks_with_torchrun(tmp_path: Path) -> None:
-    r, metrics = _run_example("demo-ja-sentiment.yaml", tmp_path, "demo-ja")
+    r, metrics = _run_example("demo-ja-sentiment.yaml", tmp_path / "w", "demo-ja")
     assert metrics["worldSize"] == 2
     assert metrics["eval"]["accuracy"] >= 0.7  # balanced eval set: chance is 0.5
     assert "predictions:" in r.stdout and "positive" in r.stdout
     assert "done" in r.stderr  # the progress reporter saw the runtime's final line
     # The operator's parser turns this real runtime log into status.progress (what `kubectl get ftj` shows).
-    prog = progress.from_text((tmp_path / "logs" / "train-node0.log").read_text())
+    prog = progress.from_text((tmp_path / "w" / "logs" / "train-node0.log").read_text())
     assert prog is not None and prog["event"] == "done"
     assert prog["step"] == prog["totalSteps"] == metrics["globalStep"]
     assert prog["metrics"]["accuracy"] == metrics["eval"]["accuracy"]
@@ -72,10 +86,23 @@ def test_demo_job_trains_two_ranks_with_torchrun(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_squad_job_trains_two_ranks_with_mpich(tmp_path: Path) -> None:
-    _, metrics = _run_example("squad-mini-mpi.yaml", tmp_path, "squad-mini")
+@pytest.mark.parametrize("impl", MPI_IMPLEMENTATIONS)
+def test_squad_job_trains_two_ranks_over_mpi(tmp_path: Path, impl: str, request: pytest.FixtureRequest) -> None:
+    """The SQuAD-format sample with each `mpi.implementation` (Intel MPI: Hydra with `-bootstrap ssh`, the
+    xeon profile's launcher). The ssh files go to the workdir, not to the user's ~/.ssh."""
+    doc = yaml.safe_load((ROOT / "examples" / "jobs" / "squad-mini-mpi.yaml").read_text())
+    doc["spec"]["mpi"]["implementation"] = impl
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    env = {k: v for k, v in mpi_env(request, impl).items() if k != "FTJOB_MPI_IMPLEMENTATION"}  # the spec's
+    workdir = tmp_path / "w"
+    _, metrics = _run_example(job, workdir, "squad-mini", env)
     assert metrics["worldSize"] == 2 and metrics["globalStep"] == 12
     assert {"exact_match", "f1"} <= set(metrics["eval"])
+    log = (workdir / "logs" / "train-node0.log").read_text()
+    flag = {"mpich": "-launcher-exec", "openmpi": "plm_rsh_agent", "intel": "-bootstrap-exec"}[impl]
+    assert f"{flag} {(workdir / 'ssh' / 'ftjob-ssh').resolve()}" in log.splitlines()[0]
+    assert f"rank 0 of 2 ({'openmpi' if impl == 'openmpi' else 'hydra'})" in log
 
 
 def test_invalid_job_is_rejected_before_anything_runs(tmp_path: Path) -> None:

@@ -10,12 +10,18 @@ from pathlib import Path
 
 import pytest
 from conftest import DEMO_CONFIG, ROOT, free_port, job_config, run_runtime, runtime_argv, runtime_env
+from homes import SentinelHome
+from tierdeps import MPI_IMPLEMENTATIONS, mpi_env, require
 
 from finetune_runtime.launcher import write_ssh_config
 from finetune_runtime.sshd import install_keys
 
-pytestmark = pytest.mark.skipif(not shutil.which("sshd") and not Path("/usr/sbin/sshd").exists(),
-                                reason="openssh-server missing (make runtime-deps installs it)")
+
+@pytest.fixture(autouse=True)
+def _ssh_installed(request: pytest.FixtureRequest) -> None:
+    """sshd and ssh, from the packages `make test-runtime` installs (fails, naming the target, if missing)."""
+    require(request, "sshd")
+    require(request, "ssh")
 
 
 def _strict_modes_ok(d: Path) -> bool:
@@ -67,11 +73,10 @@ def test_sshd_accepts_the_job_key_and_wait_for_sees_it(tmp_path: Path, popen_gro
         assert ready.returncode == 0, ready.stdout + (tmp_path / "sshd.log").read_text()
         assert sshd.poll() is None
 
-        # The launcher side: keys + ~/.ssh/config as `ftjob-runtime mpirun` writes them.
-        launcher_home = tmp_path / "launcher-home"
-        launcher_home.mkdir()
-        install_keys(secret, launcher_home, required=("id_ed25519",))
-        cfg = write_ssh_config({"FTJOB_SSH_PORT": str(port)}, ["127.0.0.1"], launcher_home)
+        # The launcher side: keys + ssh config as `ftjob-runtime mpirun` writes them.
+        launcher_ssh = tmp_path / "launcher-home" / ".ssh"
+        install_keys(secret, launcher_ssh, required=("id_ed25519",))
+        cfg = write_ssh_config({"FTJOB_SSH_PORT": str(port)}, ["127.0.0.1"], launcher_ssh)
         r = subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "127.0.0.1", "echo", "hello-from-ssh"],
                            capture_output=True, text=True, check=False, timeout=60)
         assert r.returncode == 0, r.stderr + (tmp_path / "sshd.log").read_text()
@@ -98,22 +103,26 @@ def sshd_on_free_port(tmp_path: Path, popen_group, request: pytest.FixtureReques
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("impl", ["mpich", "openmpi"])
-def test_mpirun_reaches_workers_over_ssh(tmp_path: Path, impl: str, sshd_on_free_port: tuple[int, Path]) -> None:
+@pytest.mark.parametrize("impl", MPI_IMPLEMENTATIONS)
+def test_mpirun_reaches_workers_over_ssh(tmp_path: Path, impl: str, sshd_on_free_port: tuple[int, Path],
+                                         request: pytest.FixtureRequest) -> None:
     """127.0.0.2 is not "this host" to Hydra or OpenMPI: they start the ranks through the ssh launcher
-    (`~/.ssh/ftjob-ssh` -> ssh -F the generated config -> our sshd on FTJOB_SSH_PORT), as in a cluster."""
+    (`ftjob-ssh` in FTJOB_SSH_DIR -> ssh -F the generated config -> our sshd on FTJOB_SSH_PORT), as in a
+    cluster. HOME is a user's home that must stay as it was (what `ftjob run` guarantees)."""
     port, secret = sshd_on_free_port
     cfg = job_config(DEMO_CONFIG).training(maxSteps=2, checkpointEverySteps=2, logEverySteps=1) \
         .write(tmp_path / "config.json")
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.2 slots=2\n" if impl == "openmpi" else "127.0.0.2:2\n")
-    home = tmp_path / "launcher-home"
-    home.mkdir()
-    env = runtime_env(tmp_path, cfg, FTJOB_LAUNCHER="mpi", FTJOB_MPI_IMPLEMENTATION=impl,
+    home = SentinelHome(tmp_path / "launcher-home")
+    ssh_dir = tmp_path / "ssh"
+    env = runtime_env(tmp_path, cfg, FTJOB_LAUNCHER="mpi", **mpi_env(request, impl),
                       FTJOB_HOSTFILE=str(hostfile), FTJOB_WORLD_SIZE="2", FTJOB_MPI_SLOTS_PER_NODE="2",
-                      FTJOB_SSH_PORT=str(port), FTJOB_SSH_SECRET_DIR=str(secret), HOME=str(home))
+                      FTJOB_SSH_PORT=str(port), FTJOB_SSH_SECRET_DIR=str(secret), HOME=str(home.path),
+                      FTJOB_SSH_DIR=str(ssh_dir))
     run = run_runtime(["mpirun"], env, tmp_path)
     assert run.rc == 0, run.out[-4000:]
-    assert str(home / ".ssh" / "ftjob-ssh") in run.out.splitlines()[0]
+    assert str(ssh_dir / "ftjob-ssh") in run.out.splitlines()[0]
     assert "rank 0 of 2" in run.out and run.done["step"] == 2
     assert "Accepted publickey" in (tmp_path / "sshd.log").read_text(), "the ranks were not started over ssh"
+    home.assert_unchanged()

@@ -21,6 +21,7 @@ from conftest import (
     runtime_argv,
     runtime_env,
 )
+from tierdeps import MPI_IMPLEMENTATIONS, mpi_env
 
 from finetune_runtime import checkpoints
 
@@ -137,28 +138,28 @@ def test_killed_run_resumes_from_newest_complete_checkpoint(tmp_path: Path, pope
     assert again.done["step"] == 60 and (again.output_dir / "model" / "config.json").exists()
 
 
-def _mpi_env(tmp_path: Path, cfg: Path, impl: str) -> dict[str, str]:
+def _mpi_env(tmp_path: Path, cfg: Path, impl: str, request: pytest.FixtureRequest) -> dict[str, str]:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n" if impl == "openmpi" else "localhost:2\n")
     home = tmp_path / "home"
     home.mkdir()
-    return runtime_env(tmp_path, cfg, FTJOB_LAUNCHER="mpi", FTJOB_MPI_IMPLEMENTATION=impl,
+    return runtime_env(tmp_path, cfg, FTJOB_LAUNCHER="mpi", **mpi_env(request, impl),
                        FTJOB_HOSTFILE=str(hostfile), FTJOB_WORLD_SIZE="2", FTJOB_MPI_SLOTS_PER_NODE="2",
                        FTJOB_SSH_SECRET_DIR=str(tmp_path / "no-secret"), HOME=str(home))
 
 
-@pytest.mark.parametrize("impl", ["mpich", "openmpi"])
+@pytest.mark.parametrize("impl", MPI_IMPLEMENTATIONS)
 @pytest.mark.parametrize("task", ["text-classification", "question-answering"])
-def test_mpirun_two_ranks(tmp_path: Path, impl: str, task: str) -> None:
+def test_mpirun_two_ranks(tmp_path: Path, impl: str, task: str, request: pytest.FixtureRequest) -> None:
     base = DEMO_CONFIG if task == "text-classification" else SQUAD_CONFIG
     cfg = job_config(base).training(maxSteps=4, checkpointEverySteps=2, logEverySteps=1) \
         .write(tmp_path / "config.json")
-    env = _mpi_env(tmp_path, cfg, impl)
+    env = _mpi_env(tmp_path, cfg, impl, request)
     run = run_runtime(["mpirun"], env, tmp_path)
     assert run.rc == 0, run.out[-4000:]
     source = "openmpi" if impl == "openmpi" else "hydra"
     assert f"rank 0 of 2 ({source})" in run.out  # PMI_*/OMPI_* were mapped onto RANK/WORLD_SIZE
-    assert (tmp_path / "home" / ".ssh" / "config").exists()
+    assert (tmp_path / "home" / ".ssh" / "config").exists()  # no FTJOB_SSH_DIR: the pods' default, ~/.ssh
     assert run.done["step"] == 4
     assert json.loads((run.output_dir / "metrics.json").read_text())["worldSize"] == 2
     key = "accuracy" if task == "text-classification" else "exact_match"

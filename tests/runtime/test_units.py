@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from finetune_runtime import checkpoints, data, distenv, launcher, progress, squad
 from finetune_runtime.backends import MissingStackError, plan_backend
 from finetune_runtime.config import ConfigError, JobConfig, TaskConfig, load_config
-from finetune_runtime.sshd import install_keys, sshd_config
+from finetune_runtime.sshd import install_keys, prepare_sshd, runtime_ssh_dir, sshd_config
 from finetune_runtime.waitfor import Probe, check, wait_for
 
 # --- env mapping ------------------------------------------------------------------------------------------
@@ -84,10 +84,38 @@ def test_mpich_command() -> None:
                    "/py", "-m", "finetune_runtime", "worker"]
 
 
-def test_intel_mpi_command_uses_plain_mpirun() -> None:
+def _intel_tree(root: Path) -> Path:
+    """The file layout of an Intel MPI installation (the impi-rt wheel's: bin/ and lib/ under the prefix)."""
+    for rel in ("bin/mpirun", "bin/mpiexec.hydra", "bin/impi_info", "lib/libmpi.so.12"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    return root
+
+
+def test_intel_mpi_command_uses_its_mpirun_and_env(tmp_path: Path) -> None:
+    root = _intel_tree(tmp_path / "impi")
+    env = {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "intel", "I_MPI_ROOT": str(root), "PATH": "/usr/bin:/bin",
+           "LD_LIBRARY_PATH": "/opt/x"}
+    argv, extra = launcher.mpirun_plan(env, python="/py", which=_which({"mpirun"}))
+    assert argv[:8] == [f"{root}/bin/mpirun", "-f", "/etc/ftjob/hostfile", "-n", "4", "-ppn", "2", "-genvall"]
+    # Its mpirun runs `mpiexec.hydra` from PATH, which Debian's MPICH also installs: Intel's bin dir goes first.
+    assert extra == {"PATH": f"{root}/bin:/usr/bin:/bin", "I_MPI_ROOT": str(root)}
+    # Without I_MPI_ROOT: an Intel mpirun on PATH, and its prefix becomes I_MPI_ROOT.
+    on_path = launcher.mpirun_plan({**env, "I_MPI_ROOT": ""}, python="/py",
+                                   which=lambda n: str(root / "bin" / n) if n == "mpirun" else None)
+    assert on_path[0][0] == f"{root}/bin/mpirun" and on_path[1]["I_MPI_ROOT"] == str(root)
+
+
+def test_intel_mpi_never_falls_back_to_another_mpirun(tmp_path: Path) -> None:
+    other = tmp_path / "usr" / "bin"
+    other.mkdir(parents=True)
+    (other / "mpirun").write_text("")  # OpenMPI's or MPICH's: no impi_info beside it
     env = {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "intel"}
-    cmd = launcher.mpirun_command(env, python="/py", is_root=False, which=_which({"mpirun"}))
-    assert cmd[:8] == ["mpirun", "-f", "/etc/ftjob/hostfile", "-n", "4", "-ppn", "2", "-genvall"]
+    with pytest.raises(MissingStackError, match="I_MPI_ROOT") as e:
+        launcher.mpirun_command(env, which=lambda n: str(other / n) if n == "mpirun" else None)
+    assert "not Intel MPI" in str(e.value) and "finetune-operator/xeon" in str(e.value)
+    assert launcher.mpirun_plan({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}, python="/py",
+                                which=_which({"mpirun.mpich"}))[1] == {}
 
 
 def test_openmpi_command_forwards_vars_and_root_flag() -> None:
@@ -104,14 +132,14 @@ def test_openmpi_command_forwards_vars_and_root_flag() -> None:
     assert "--allow-run-as-root" not in non_root and non_root[0] == "mpirun"
 
 
-def test_mpirun_ssh_launcher_flags() -> None:
+def test_mpirun_ssh_launcher_flags(tmp_path: Path) -> None:
     w = "/home/ftjob/.ssh/ftjob-ssh"
     which = _which({"mpirun", "mpirun.mpich", "mpirun.openmpi"})
     mpich = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}, python="/py", which=which,
                                     ssh_exec=w)
     assert mpich[7:11] == ["-launcher", "ssh", "-launcher-exec", w]
-    intel = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "intel"}, python="/py", which=which,
-                                    ssh_exec=w)
+    intel = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "intel",
+                                     "I_MPI_ROOT": str(_intel_tree(tmp_path))}, python="/py", which=which, ssh_exec=w)
     assert intel[7:11] == ["-bootstrap", "ssh", "-bootstrap-exec", w]
     ompi = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "openmpi"}, python="/py",
                                    is_root=False, which=which, ssh_exec=w)
@@ -120,9 +148,9 @@ def test_mpirun_ssh_launcher_flags() -> None:
 
 
 def test_ssh_wrapper_uses_our_config(tmp_path: Path) -> None:
-    cfg = launcher.write_ssh_config({}, [], tmp_path)
+    cfg = launcher.write_ssh_config({}, [], tmp_path / "my dir")
     w = launcher.write_ssh_wrapper(cfg)
-    assert w.read_text() == f'#!/bin/sh\nexec ssh -F "{cfg}" "$@"\n' and w.stat().st_mode & 0o700 == 0o700
+    assert w.read_text() == f'#!/bin/sh\nexec ssh -F \'{cfg}\' "$@"\n' and w.stat().st_mode & 0o700 == 0o700
 
 
 def test_mpirun_override_and_missing_vars() -> None:
@@ -144,9 +172,10 @@ def test_hostfile_dialects() -> None:
 
 
 def test_ssh_config_uses_port_and_key(tmp_path: Path) -> None:
-    cfg = launcher.write_ssh_config({"FTJOB_SSH_PORT": "2222"}, ["a", "b"], tmp_path)
+    cfg = launcher.write_ssh_config({"FTJOB_SSH_PORT": "2222"}, ["a", "b"], tmp_path / "ssh")
     text = cfg.read_text()
-    assert "Port 2222" in text and f"IdentityFile {tmp_path}/.ssh/id_ed25519" in text
+    assert cfg == tmp_path / "ssh" / "config"
+    assert "Port 2222" in text and f"IdentityFile {tmp_path}/ssh/id_ed25519" in text
     assert "StrictHostKeyChecking no" in text
     assert oct(cfg.stat().st_mode & 0o777) == "0o600" and oct(cfg.parent.stat().st_mode & 0o777) == "0o700"
 
@@ -433,16 +462,25 @@ def test_install_keys_fixes_modes(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir(mode=0o777)
     home.chmod(0o777)
-    d = install_keys(secret, home)
-    install_keys(secret, home)  # idempotent over read-only copies
+    env = {"HOME": str(home), "FTJOB_SSH_SECRET_DIR": str(secret), "FTJOB_SSH_PORT": "2022"}
+    argv = prepare_sshd(env)
+    d = home / ".ssh"  # without FTJOB_SSH_DIR: the image user's home, as in pods
+    assert argv[-2:] == ["-f", str(d / "sshd_config")] and "Port 2022" in (d / "sshd_config").read_text()
+    install_keys(secret, d)  # idempotent over read-only copies
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in d.iterdir()}
     assert modes["id_ed25519"] == "0o600" and modes["authorized_keys"] == "0o600"
     assert modes["id_ed25519.pub"] == "0o644" and oct(d.stat().st_mode & 0o777) == "0o700"
-    assert not home.stat().st_mode & 0o022
+    assert not home.stat().st_mode & 0o022  # sshd's StrictModes checks the directory above too
     assert f"AuthorizedKeysFile {d}/authorized_keys" in sshd_config(d, "2222")
     (secret / "authorized_keys").unlink()
     with pytest.raises(FileNotFoundError, match="authorized_keys"):
-        install_keys(secret, tmp_path / "home2")
+        install_keys(secret, tmp_path / "home2" / ".ssh")
+
+
+def test_ssh_dir_is_ftjob_ssh_dir_else_home() -> None:
+    assert runtime_ssh_dir({"HOME": "/home/u", "FTJOB_SSH_DIR": "/w/ssh"}) == Path("/w/ssh")
+    assert runtime_ssh_dir({"HOME": "/home/u"}) == Path("/home/u/.ssh")
+    assert runtime_ssh_dir({}) == Path("/home/ftjob/.ssh")
 
 
 def test_wait_for_reports_what_is_missing() -> None:
