@@ -30,10 +30,11 @@ test-runtime-fast: setup runtime-deps impi ## Runtime tier without the trainings
 	$(PY) -m pytest -q tests/runtime -m "not slow"
 
 # transformers 4.57 is the newest release the Neuron stack pins (docs/runtime.md); the uv cache hardlinks torch,
-# so this second venv is cheap.
-$(TF457_VENV)/.stamp: $(UV) runtime/pyproject.toml
+# so this second venv is cheap. The operator package is installed too: tests/runtime renders the samples' config
+# through its admission and builders, exactly as the pods get it.
+$(TF457_VENV)/.stamp: $(UV) runtime/pyproject.toml operator/pyproject.toml
 	[ -x $(TF457_VENV)/bin/python ] || $(UV) venv --python 3.11 $(TF457_VENV)
-	VIRTUAL_ENV=$(TF457_VENV) $(UV) pip install -e runtime "transformers==4.57.*" "pytest>=9" pytest-timeout hypothesis
+	VIRTUAL_ENV=$(TF457_VENV) $(UV) pip install -e operator -e runtime "transformers==4.57.*" "pytest>=9" pytest-timeout hypothesis
 	touch $@
 
 test-runtime-tf457: $(TF457_VENV)/.stamp runtime-deps impi ## Runtime units + QA/demo trainings under transformers 4.57
