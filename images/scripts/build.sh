@@ -74,7 +74,8 @@ ca=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 secret=()
 if [ -s "$ca" ]; then secret=(--secret "id=ca,src=$ca"); fi
 rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-args+=(--build-arg "FTJOB_VERSION=$tag" --build-arg "VCS_REF=$rev")
+# Labels, not build args: metadata of the final image only, so a new commit leaves every layer's cache alone.
+args+=(--label "org.opencontainers.image.version=$tag" --label "org.opencontainers.image.revision=$rev")
 
 cd "$root"
 start=$SECONDS
