@@ -6,7 +6,9 @@
 # Instead we fail the build when the pinned stack does not satisfy what the runtime declares.
 set -eu
 VENV=${VENV:-/opt/venv}
-/opt/tools/bin/uv pip install --python "$VENV/bin/python" --no-deps --no-cache /wheels/runtime/finetune_runtime-*.whl
+# No uv cache at all here: it would land in the image user's HOME (~/.cache/uv), i.e. in this layer.
+export UV_NO_CACHE=1
+/opt/tools/bin/uv pip install --python "$VENV/bin/python" --no-deps /wheels/runtime/finetune_runtime-*.whl
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import sys
