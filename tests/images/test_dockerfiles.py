@@ -22,7 +22,9 @@ BASE_DOCKERFILE = IMAGES / "base" / "Dockerfile"
 # The runtime images share one layout; the operator's own image has its rules in test_operator_image.py.
 RUNTIME_DOCKERFILES = [p for p in DOCKERFILES if p.parent.name not in ("operator", "base")]
 # A RUN that downloads something (apt, PyPI, curl, uv) must mount the build's CA bundle secret.
-DOWNLOADS = re.compile(r"apt-get update|apt-install\.sh|install-stack\.sh|uv pip install|curl |install-uv\.sh|build-wheel")
+DOWNLOADS = re.compile(
+    r"apt-get update|apt-install\.sh|install-stack\.sh|uv pip install|curl |install-uv\.sh|build-wheel"
+)
 
 
 def _tool(name: str) -> str:
@@ -125,8 +127,8 @@ def test_build_script_builds_the_base_first_and_labels_the_version() -> None:
     script = (IMAGES / "scripts" / "build.sh").read_text(encoding="utf-8")
     assert "for target in base runtime-base builder; do" in script
     assert script.index("-f images/base/Dockerfile") < script.index('-f "$dockerfile"')
-    assert "--label \"org.opencontainers.image.version=$tag\"" in script
-    assert "--label \"org.opencontainers.image.revision=$rev\"" in script
+    assert '--label "org.opencontainers.image.version=$tag"' in script
+    assert '--label "org.opencontainers.image.revision=$rev"' in script
 
 
 def test_neuron_versions_come_from_one_release() -> None:

@@ -21,7 +21,8 @@ RUNTIME_BASE = os.environ.get("FTJOB_TEST_RUNTIME_BASE_IMAGE", "finetune-operato
 
 
 def _layers(docker: Docker, image: str) -> list[str]:
-    layers: list[str] = json.loads(docker.run(["image", "inspect", "--format", "{{json .RootFS.Layers}}", image]).stdout)
+    out = docker.run(["image", "inspect", "--format", "{{json .RootFS.Layers}}", image]).stdout
+    layers: list[str] = json.loads(out)
     return layers
 
 
