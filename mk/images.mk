@@ -1,5 +1,6 @@
 # Per-hardware container images (images/, tests/images). Docker comes from Debian (docker.io, with BuildKit);
-# the daemon is started on demand. With no registry reachable, images build on a debootstrap'ed Debian base.
+# the daemon is started on demand. Every image is a thin FROM of the shared base (images/base/Dockerfile), which
+# images/scripts/build.sh builds first. With no registry reachable, that base starts from a debootstrap'ed Debian.
 # Default tag: the runtime's version, which is the tag the operator's hardware profiles
 # (operator/finetune_operator/profiles/*.yaml) name, so a locally built image is the one a job pulls.
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' runtime/pyproject.toml)
@@ -8,7 +9,7 @@ OPERATOR_IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' operator/pyp
 IMAGES_DOCKER := /usr/bin/docker
 IMAGES_FLAVORS := cpu nvidia xeon xeon-upstream neuron
 IMAGES_DOCKERFILES := $(wildcard images/*/Dockerfile)
-IMAGES_SCRIPTS := $(wildcard images/scripts/*.sh images/common/*.sh)
+IMAGES_SCRIPTS := $(wildcard images/*/*.sh)
 
 .PHONY: images images-docker image-base image-operator lint-images test-images $(addprefix image-,$(IMAGES_FLAVORS))
 
@@ -16,8 +17,8 @@ images-docker: ## Install Docker (docker.io) + debootstrap from Debian and start
 	hack/apt-install.sh docker.io debootstrap curl
 	images/scripts/dockerd-up.sh
 
-image-base: images-docker ## Debian bookworm base image from a debootstrap rootfs (offline builds; once)
-	images/scripts/base-image.sh finetune-operator/debian-base:bookworm
+image-base: images-docker ## Shared base images finetune-operator/{base,runtime-base,builder}:bookworm (every image builds them first anyway)
+	images/scripts/build.sh base
 
 # Each flavor: images/scripts/build.sh picks the offline base and the torch index this machine can reach.
 $(addprefix image-,$(IMAGES_FLAVORS)): image-%: images-docker

@@ -1,11 +1,14 @@
 #!/bin/sh
-# Installs the shared runtime wheel (/wheels, from build-runtime-wheel.sh) into the image's venv without touching
-# its dependencies: each image pins its own torch/transformers stack, so pulling the runtime's open-ended
-# requirements here could silently swap a vendor build (torch-neuronx's torch, IPEX's torch) for a PyPI one.
+# Installs the shared runtime wheel (/wheels/runtime of the builder image, from build-wheel.sh) into the image's
+# venv without touching its dependencies: each image pins its own torch/transformers stack, so pulling the
+# runtime's open-ended requirements here could silently swap a vendor build (torch-neuronx's torch, IPEX's torch)
+# for a PyPI one.
 # Instead we fail the build when the pinned stack does not satisfy what the runtime declares.
 set -eu
 VENV=${VENV:-/opt/venv}
-/opt/tools/bin/uv pip install --python "$VENV/bin/python" --no-deps --no-cache /wheels/finetune_runtime-*.whl
+# No uv cache at all here: it would land in the image user's HOME (~/.cache/uv), i.e. in this layer.
+export UV_NO_CACHE=1
+/opt/tools/bin/uv pip install --python "$VENV/bin/python" --no-deps /wheels/runtime/finetune_runtime-*.whl
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import sys

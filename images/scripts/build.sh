@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Builds one image: images/scripts/build.sh FLAVOR [extra docker build args...]
-#   FLAVOR: cpu | nvidia | xeon | xeon-upstream | neuron | operator
+#   FLAVOR: cpu | nvidia | xeon | xeon-upstream | neuron | operator, or `base` (only the shared base images)
+# Every flavor is a thin FROM of the shared base (images/base/Dockerfile): its targets are built and tagged first,
+# as finetune-operator/{base,runtime-base,builder}:SUITE (SUITE: bookworm, or noble for neuron), and the flavor
+# names them through its RUNTIME_BASE/BASE and BUILDER build args. Unchanged, they rebuild from cache in seconds.
 # Environment:
 #   IMAGE_TAG        tag; the image is finetune-operator/FLAVOR:IMAGE_TAG. Default: the runtime package's
 #                    version (runtime/pyproject.toml), the tag the operator's hardware profiles name; for
 #                    `operator` the operator package's version (operator/pyproject.toml), the chart's appVersion
-#   BASE_IMAGE       base image; when unset and no registry is reachable, a debootstrap'ed Debian base is built
-#                    once (base-image.sh) and used (Debian-based flavors only)
+#   BASE_IMAGE       what the shared base starts from (default debian:bookworm-slim, ubuntu:24.04 for neuron);
+#                    when unset and no registry is reachable, a debootstrap'ed Debian base is built once
+#                    (base-image.sh) and used (Debian-based flavors only)
 #   TORCH_INDEX_URL  passed through to flavors that take it
 #   CA_BUNDLE        extra CA bundle for TLS-intercepting proxies, passed as a BuildKit secret (default: the
 #                    host's bundle when it exists); it is never stored in the image
@@ -18,7 +22,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 DOCKER=${DOCKER:-/usr/bin/docker}
-flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron|operator [docker build args...]}
+flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron|operator|base [docker build args...]}
 shift
 package=runtime
 if [ "$flavor" = operator ]; then package=operator; fi
@@ -27,14 +31,19 @@ tag=${IMAGE_TAG:-$package_version}
 
 dockerfile=images/$flavor/Dockerfile
 stack=()
+suite=bookworm
+# What the flavor starts from: the operator needs no runtime packages, only the plain base.
+from_arg=RUNTIME_BASE
 case "$flavor" in
-  cpu|nvidia|neuron|operator) ;;
+  base|cpu|nvidia) ;;
+  operator) from_arg=BASE ;;
+  neuron) suite=noble ;;
   xeon) stack=(--build-arg XEON_STACK=ipex) ;;
   xeon-upstream) dockerfile=images/xeon/Dockerfile; stack=(--build-arg XEON_STACK=upstream) ;;
   *) echo "unknown flavor $flavor" >&2; exit 2 ;;
 esac
 
-args=()
+base_args=()
 if [ -z "${BASE_IMAGE:-}" ]; then
   offline=${OFFLINE:-}
   if [ -z "$offline" ]; then
@@ -48,11 +57,13 @@ if [ -z "${BASE_IMAGE:-}" ]; then
     esac
   fi
 fi
-if [ -n "${BASE_IMAGE:-}" ]; then args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE"); fi
+if [ -z "${BASE_IMAGE:-}" ] && [ "$suite" = noble ]; then BASE_IMAGE=ubuntu:24.04; fi
+if [ -n "${BASE_IMAGE:-}" ]; then base_args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE"); fi
+args=()
 # Flavors whose default torch index is the PyTorch CPU index fall back to PyPI when that index is unreachable
 # (machines that reach only PyPI): PyPI's torch is the CUDA build, larger but it runs on CPU.
 # The operator image has no torch.
-if [ -z "${TORCH_INDEX_URL:-}" ] && [ "$flavor" != nvidia ] && [ "$flavor" != operator ]; then
+if [ -z "${TORCH_INDEX_URL:-}" ] && [ "$flavor" != nvidia ] && [ "$flavor" != operator ] && [ "$flavor" != base ]; then
   if ! curl -fs -o /dev/null --max-time 10 https://download.pytorch.org/whl/cpu/torch/; then
     echo "download.pytorch.org unreachable: torch from PyPI (TORCH_INDEX_URL=https://pypi.org/simple)" >&2
     TORCH_INDEX_URL=https://pypi.org/simple
@@ -60,13 +71,26 @@ if [ -z "${TORCH_INDEX_URL:-}" ] && [ "$flavor" != nvidia ] && [ "$flavor" != op
 fi
 if [ -n "${TORCH_INDEX_URL:-}" ]; then args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL"); fi
 ca=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
-if [ -s "$ca" ]; then args+=(--secret "id=ca,src=$ca"); fi
+secret=()
+if [ -s "$ca" ]; then secret=(--secret "id=ca,src=$ca"); fi
 rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-args+=(--build-arg "FTJOB_VERSION=$tag" --build-arg "VCS_REF=$rev")
+# Labels, not build args: metadata of the final image only, so a new commit leaves every layer's cache alone.
+args+=(--label "org.opencontainers.image.version=$tag" --label "org.opencontainers.image.revision=$rev")
 
 cd "$root"
 start=$SECONDS
-DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$dockerfile" "${stack[@]}" "${args[@]}" \
+# The shared base first: each target an image of its own, so a flavor's FROM finds it in the local image store.
+for target in base runtime-base builder; do
+  if [ "$flavor" = operator ] && [ "$target" = runtime-base ]; then continue; fi
+  DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f images/base/Dockerfile --target "$target" \
+    "${base_args[@]}" "${secret[@]}" -t "finetune-operator/$target:$suite" .
+done
+echo "built the shared base (finetune-operator/{base,runtime-base,builder}:$suite) in $((SECONDS - start))s"
+if [ "$flavor" = base ]; then exit 0; fi
+base_tag=finetune-operator/base:$suite
+if [ "$from_arg" = RUNTIME_BASE ]; then base_tag=finetune-operator/runtime-base:$suite; fi
+DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$dockerfile" "${stack[@]}" "${args[@]}" "${secret[@]}" \
+  --build-arg "$from_arg=$base_tag" --build-arg "BUILDER=finetune-operator/builder:$suite" \
   -t "finetune-operator/$flavor:$tag" "$@" .
 echo "built finetune-operator/$flavor:$tag in $((SECONDS - start))s"
 "$DOCKER" builder prune -f --keep-storage "${BUILD_CACHE_KEEP:-15GB}" >/dev/null

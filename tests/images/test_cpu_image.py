@@ -55,6 +55,21 @@ def test_pinned_stack_and_labels(docker: Docker, image: str) -> None:
     assert labels["dev.finetune.versions.torch"] == pins["torch"]
     assert labels["dev.finetune.versions.transformers"] == pins["transformers"]
     assert labels["org.opencontainers.image.version"]
+    assert labels["org.opencontainers.image.revision"]
+    # From the shared base (images/base/Dockerfile).
+    assert labels["org.opencontainers.image.source"].startswith("https://")
+
+
+def test_no_build_leftovers(docker: Docker, image: str) -> None:
+    """Build-only things stay in the builder or in BuildKit's cache mounts: no uv, no uv cache in the user's
+    HOME, no apt package lists or .debs (the debootstrap'ed base does not clean up after apt by itself)."""
+    out = _sh(
+        docker,
+        image,
+        "ls -d /home/ftjob/.cache 2>/dev/null; command -v uv; "
+        "find /opt/tools /wheels /var/lib/apt/lists /var/cache/apt -type f ! -name lock 2>/dev/null; true",
+    )
+    assert out.split() == [], out
 
 
 def test_system_tools_present(docker: Docker, image: str) -> None:

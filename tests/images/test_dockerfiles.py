@@ -1,5 +1,6 @@
 """Static checks of every Dockerfile and image script: hadolint, shellcheck, and the rules the images share
-(one runtime layer, non-root fixed UID, replaceable base, CA bundle only as a build secret)."""
+(one shared base that every flavor is a thin FROM of, one runtime layer, non-root fixed UID, replaceable base,
+CA bundle only as a build secret)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,15 @@ from .conftest import REPO, requirement_pins
 
 IMAGES = REPO / "images"
 DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
-SCRIPTS = sorted([*IMAGES.glob("scripts/*.sh"), *IMAGES.glob("common/*.sh")])
+SCRIPTS = sorted(IMAGES.glob("*/*.sh"))
 FLAVORS = {"cpu", "nvidia", "xeon", "neuron", "operator"}
+BASE_DOCKERFILE = IMAGES / "base" / "Dockerfile"
 # The runtime images share one layout; the operator's own image has its rules in test_operator_image.py.
-RUNTIME_DOCKERFILES = [p for p in DOCKERFILES if p.parent.name != "operator"]
+RUNTIME_DOCKERFILES = [p for p in DOCKERFILES if p.parent.name not in ("operator", "base")]
+# A RUN that downloads something (apt, PyPI, curl, uv) must mount the build's CA bundle secret.
+DOWNLOADS = re.compile(
+    r"apt-get update|apt-install\.sh|install-stack\.sh|uv pip install|curl |install-uv\.sh|build-wheel"
+)
 
 
 def _tool(name: str) -> str:
@@ -30,7 +36,7 @@ def _tool(name: str) -> str:
 
 
 def test_every_flavor_has_a_dockerfile() -> None:
-    assert {p.parent.name for p in DOCKERFILES} == FLAVORS
+    assert {p.parent.name for p in DOCKERFILES} == FLAVORS | {"base"}
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
@@ -49,43 +55,80 @@ def test_shellcheck_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _final_stage(text: str) -> str:
-    return text[text.rindex("\nFROM ") :]
+def _stages(text: str) -> list[tuple[str, str | None]]:
+    """(image, stage name) of each FROM, in order."""
+    return [(m[1], m[2]) for m in re.finditer(r"^FROM (\S+)(?: AS (\S+))?$", text, re.M)]
+
+
+def _runs(text: str) -> list[str]:
+    return re.findall(r"^RUN (?:.*\\\n)*.*$", text, re.M)
+
+
+def _whitelist(dockerfile: Path) -> list[str]:
+    lines = dockerfile.with_name("Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _assert_ca_only_as_secret(text: str) -> None:
+    assert not re.search(r"^(COPY|ADD)\b.*(\.crt|\.pem|ca-cert)", text, re.M | re.I)
+    for run in _runs(text):
+        if DOWNLOADS.search(run):
+            assert "--mount=type=secret,id=ca,target=/run/secrets/ca" in run, run.splitlines()[0]
+
+
+def test_shared_base() -> None:
+    """images/base/Dockerfile: the one place for the OS, python3, the user, uv and the wheel builds."""
+    text = BASE_DOCKERFILE.read_text(encoding="utf-8")
+    # An offline build swaps the OS image for a locally built one.
+    assert re.search(r"^ARG BASE_IMAGE=\S+", text[: text.index("\nFROM ")], re.M)
+    assert _stages(text) == [("${BASE_IMAGE}", "base"), ("base", "runtime-base"), ("base", "builder")]
+    base, runtime_base, builder = re.split(r"^FROM .*$", text, flags=re.M)[1:]
+    assert "/ftjob/add-user.sh" in base
+    assert "org.opencontainers.image.source" in base
+    assert re.search(r"^CMD \[\"ftjob-runtime\", \"selfcheck\"\]$", runtime_base, re.M)
+    # One runtime layer: every runtime image installs the wheel built here, the operator image its own.
+    assert "/ftjob/build-wheel.sh runtime" in builder
+    assert "/ftjob/build-wheel.sh operator" in builder
+    assert "/ftjob/install-uv.sh" in builder
+    _assert_ca_only_as_secret(text)
+    assert _whitelist(BASE_DOCKERFILE)[0] == "*"
+    assert {"!images/common/", "!runtime/", "!operator/"} <= set(_whitelist(BASE_DOCKERFILE))
 
 
 @pytest.mark.parametrize("dockerfile", RUNTIME_DOCKERFILES, ids=lambda p: p.parent.name)
-def test_shared_rules(dockerfile: Path) -> None:
+def test_flavor_is_a_thin_from_of_the_base(dockerfile: Path) -> None:
     text = dockerfile.read_text(encoding="utf-8")
     before_first_from = text[: text.index("\nFROM ")]
-    # An offline build swaps the base for a locally built one.
-    assert re.search(r"^ARG BASE_IMAGE=\S+", before_first_from, re.M)
-    assert "FROM ${BASE_IMAGE} AS os" in text
-    final = _final_stage(text)
+    suite = "noble" if dockerfile.parent.name == "neuron" else "bookworm"
+    # The shared base's tags, which build.sh builds first (and passes again, explicitly).
+    assert re.search(rf"^ARG RUNTIME_BASE=finetune-operator/runtime-base:{suite}$", before_first_from, re.M)
+    assert re.search(rf"^ARG BUILDER=finetune-operator/builder:{suite}$", before_first_from, re.M)
+    # No stages of its own: the builder only as a mount source, one final stage on the runtime base.
+    assert _stages(text) == [("${BUILDER}", "builder"), ("${RUNTIME_BASE}", None)]
     # Numeric USER: Kubernetes can only verify runAsNonRoot against a numeric user.
-    assert re.search(r"^USER 1000:1000$", final, re.M)
-    # One runtime layer: the same wheel build and install script in every image.
-    assert "/ftjob/build-runtime-wheel.sh" in text
-    assert "/ftjob/install-runtime.sh" in final
-    assert re.search(r"^CMD \[\"ftjob-runtime\", \"selfcheck\"\]$", final, re.M)
-    for label in (
-        "org.opencontainers.image.version",
-        "org.opencontainers.image.revision",
-        "org.opencontainers.image.source",
-    ):
-        assert label in final
-    # The proxy CA only ever arrives as a BuildKit secret, never through COPY/ADD.
-    assert not re.search(r"^(COPY|ADD)\b.*(\.crt|\.pem|ca-cert)", text, re.M | re.I)
-    for run in re.findall(r"^RUN (?:.*\\\n)*.*$", text, re.M):
-        if re.search(r"apt-get update|uv pip install|curl |install-uv\.sh|build-runtime-wheel", run):
-            assert "--mount=type=secret,id=ca,target=/run/secrets/ca" in run, run.splitlines()[0]
-    # The context is the repository root: each Dockerfile sends only what it needs.
-    ignore = [
-        line.strip()
-        for line in dockerfile.with_name("Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    assert re.search(r"^USER 1000:1000$", text, re.M)
+    # One runtime layer, installed last: the builder's wheel through the shared script.
+    runs = _runs(text)
+    assert "/ftjob/install-stack.sh" in runs[-2]
+    assert "/ftjob/install-runtime.sh" in runs[-1]
+    assert "--mount=type=bind,from=builder,source=/wheels,target=/wheels" in runs[-1]
+    # The default command comes from the runtime base; a flavor that set another would not be selfchecked.
+    assert not re.search(r"^(CMD|ENTRYPOINT)\b", text, re.M)
+    assert "org.opencontainers.image.title" in text
+    _assert_ca_only_as_secret(text)
+    # The context is the repository root: each Dockerfile sends only what it needs; the runtime's sources go to
+    # the builder, never to a flavor.
+    ignore = _whitelist(dockerfile)
     assert ignore[0] == "*"
-    assert {f"!images/{dockerfile.parent.name}/", "!images/common/", "!runtime/"} <= set(ignore)
+    assert {i for i in ignore if i.startswith("!")} == {f"!images/{dockerfile.parent.name}/", "!images/common/"}
+
+
+def test_build_script_builds_the_base_first_and_labels_the_version() -> None:
+    script = (IMAGES / "scripts" / "build.sh").read_text(encoding="utf-8")
+    assert "for target in base runtime-base builder; do" in script
+    assert script.index("-f images/base/Dockerfile") < script.index('-f "$dockerfile"')
+    assert '--label "org.opencontainers.image.version=$tag"' in script
+    assert '--label "org.opencontainers.image.revision=$rev"' in script
 
 
 def test_neuron_versions_come_from_one_release() -> None:
