@@ -95,7 +95,12 @@ class CheckpointSync:
         files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != checkpoints.COMPLETE_MARKER)
         for f in [*files, ckpt / checkpoints.COMPLETE_MARKER]:
             self.client.upload_file(str(f), self.url.bucket, prefix + f.relative_to(ckpt).as_posix())
-        self.rotate(keep_step=step)
+        log.info("uploaded checkpoint %s to s3://%s/%s", ckpt.name, self.url.bucket, prefix)
+        try:
+            self.rotate(keep_step=step)
+        except Exception as e:  # old checkpoints left behind cost storage, not the run
+            log.warning("could not delete old checkpoints under %s (the pods' role needs s3:DeleteObject): %s",
+                        self.url, e)
         return f"s3://{self.url.bucket}/{prefix}"
 
     def rotate(self, keep_step: int) -> list[int]:
