@@ -14,6 +14,7 @@ from ftjobs import SAMPLES, load_sample, make_job
 from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys, desired
 from finetune_operator.cli import dump_yaml_stream
+from finetune_operator.constants import LABEL_ROLE
 
 GOLDEN = Path(__file__).parent / "golden"
 KEYS = SshKeys("PRIVATE KEY\n", "ssh-ed25519 AAAA user\n", "HOST PRIVATE KEY\n", "ssh-ed25519 BBBB host\n")
@@ -150,7 +151,38 @@ def test_ssh_secret_is_immutable_and_complete() -> None:
     assert secret["immutable"] is True
     assert base64.b64decode(secret["data"]["authorized_keys"]).decode() == KEYS.public_key
     assert set(secret["data"]) == {"id_ed25519", "id_ed25519.pub", "authorized_keys", "ssh_host_ed25519_key",
-                                   "ssh_host_ed25519_key.pub"}
+                                   "ssh_host_ed25519_key.pub", "known_hosts"}
+
+
+def test_known_hosts_lists_every_worker_name_with_the_host_key() -> None:
+    c = render(make_job("kh", namespace="team").nodes(3).procs(2).launcher("mpi", "mpich").classification().build())
+    secret = next(o for o in c.objects if o["kind"] == "Secret")
+    known = base64.b64decode(secret["data"]["known_hosts"]).decode()
+    # Each worker's hostfile name and short Service name, at the sshd port; the key without its comment.
+    assert known.splitlines() == [
+        f"[kh-worker-{i}.kh.team.svc]:2222,[kh-worker-{i}.kh]:2222 ssh-ed25519 BBBB" for i in range(3)
+    ]
+    hosts = [ln.split(":")[0] for ln in next(o for o in c.objects if o["kind"] == "ConfigMap")["data"][
+        "hostfile"].splitlines()]
+    assert all(f"[{h}]:2222," in known for h in hosts)
+
+
+def test_each_mpi_role_mounts_only_its_own_keys() -> None:
+    """The launcher (ssh client) gets the client key and known_hosts; workers (sshd) get the host key and
+    authorized_keys, never the client's private key."""
+    c = render(load_sample("xeon-distilbert-squad"))
+    want = {"launcher": ["id_ed25519", "id_ed25519.pub", "known_hosts"],
+            "worker": ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub", "authorized_keys"]}
+    roles = set()
+    for p in c.pods:
+        role = p["metadata"]["labels"][LABEL_ROLE]
+        roles.add(role)
+        vol = next(v for v in p["spec"]["volumes"] if v["name"] == "ssh")["secret"]
+        assert [i["key"] for i in vol["items"]] == want[role], p["metadata"]["name"]
+        assert all(i["path"] == i["key"] for i in vol["items"]) and vol["defaultMode"] == 0o400
+    assert roles == {"launcher", "worker"}
+    secret = next(o for o in c.objects if o["kind"] == "Secret")
+    assert set(want["launcher"]) | set(want["worker"]) == set(secret["data"]), "every key is mounted somewhere"
 
 
 def test_nvidia_gpus_and_efa_without_fi_vars() -> None:

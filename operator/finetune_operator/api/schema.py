@@ -278,7 +278,12 @@ OUTPUT = _o(
     {
         "claimName": _s("PersistentVolumeClaim mounted at /output (ReadWriteMany for multi-node).", maxLength=253),
         "path": _s("Directory under the claim.", maxLength=1024, pattern=r"^[^/].*$"),
-        "url": _s("s3://bucket/prefix to upload the results to (pods need S3 credentials, e.g. IRSA).",
+        "url": _s("s3://bucket/prefix for the results. /output is then scratch space: each checkpoint is uploaded "
+                  "to <url>/checkpoints/ as soon as it is saved (the newest 3 are kept) and a restarted group "
+                  "resumes from the newest complete one there; the final model/, metrics.json and "
+                  "predictions.json go to <url>/. Pods need S3 credentials (e.g. IRSA or EKS Pod Identity) "
+                  "allowing ListBucket, GetObject, PutObject and DeleteObject; for an S3-compatible server set "
+                  "AWS_ENDPOINT_URL in spec.env.",
                   maxLength=1024, pattern="^s3://.+"),
     },
 )

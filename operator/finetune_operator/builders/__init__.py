@@ -54,7 +54,7 @@ def desired(
         objects.append(network_policy(job, names, list(network_policy_config.get("extraIngress") or [])))
     if layout.launcher == "mpi":
         if ssh_keys is not None:
-            objects.append(ssh_secret(job, names, ssh_keys))
+            objects.append(ssh_secret(job, layout, names, ssh_keys))
         pods = mpi_pods(job, layout, names, image, attempt)
     else:
         pods = torchrun_pods(job, layout, names, image, attempt)

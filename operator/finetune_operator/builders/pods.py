@@ -43,7 +43,9 @@ def _volumes(job: dict[str, Any], layout: Layout, names: Names, role: str) -> tu
             vols.append({"name": "output", "emptyDir": {}})
         mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR})
     if layout.launcher == "mpi":
-        vols.append({"name": "ssh", "secret": {"secretName": names.ssh_secret, "defaultMode": 0o400}})
+        keys = c.SSH_LAUNCHER_KEYS if role == c.ROLE_LAUNCHER else c.SSH_WORKER_KEYS
+        vols.append({"name": "ssh", "secret": {"secretName": names.ssh_secret, "defaultMode": 0o400,
+                                               "items": [{"key": k, "path": k} for k in keys]}})
         mounts.append({"name": "ssh", "mountPath": c.SSH_DIR, "readOnly": True})
     return vols, mounts
 
