@@ -141,7 +141,10 @@ def intel_mpi_env(binary: str, env: Mapping[str, str], which: object = shutil.wh
         return {}
     bin_dir = Path(str(resolved)).resolve().parent
     rest = [p for p in (env.get("PATH") or "").split(":") if p and p != str(bin_dir)]
-    return {"PATH": ":".join([str(bin_dir), *rest]), "I_MPI_ROOT": env.get("I_MPI_ROOT") or str(bin_dir.parent)}
+    # Flat launch at every size: from 128 hosts Hydra's default is a proxy tree in which proxies ssh onward from
+    # worker to worker, and workers hold no client key (each role gets only its own keys).
+    return {"PATH": ":".join([str(bin_dir), *rest]), "I_MPI_ROOT": env.get("I_MPI_ROOT") or str(bin_dir.parent),
+            "I_MPI_HYDRA_BRANCH_COUNT": "-1"}
 
 
 def forwarded_vars(env: Mapping[str, str]) -> list[str]:

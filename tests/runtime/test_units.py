@@ -99,7 +99,7 @@ def test_intel_mpi_command_uses_its_mpirun_and_env(tmp_path: Path) -> None:
     argv, extra = launcher.mpirun_plan(env, python="/py", which=_which({"mpirun"}))
     assert argv[:8] == [f"{root}/bin/mpirun", "-f", "/etc/ftjob/hostfile", "-n", "4", "-ppn", "2", "-genvall"]
     # Its mpirun runs `mpiexec.hydra` from PATH, which Debian's MPICH also installs: Intel's bin dir goes first.
-    assert extra == {"PATH": f"{root}/bin:/usr/bin:/bin", "I_MPI_ROOT": str(root)}
+    assert extra == {"PATH": f"{root}/bin:/usr/bin:/bin", "I_MPI_ROOT": str(root), "I_MPI_HYDRA_BRANCH_COUNT": "-1"}
     # Without I_MPI_ROOT: an Intel mpirun on PATH, and its prefix becomes I_MPI_ROOT.
     on_path = launcher.mpirun_plan({**env, "I_MPI_ROOT": ""}, python="/py",
                                    which=lambda n: str(root / "bin" / n) if n == "mpirun" else None)
