@@ -83,7 +83,7 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
     return env
 
 
-def command_env(layout: Layout, master_addr: str, master_port: int, node_rank: int) -> dict[str, str]:
+def command_env(nodes: int, procs_per_node: int, master_addr: str, master_port: int, node_rank: int) -> dict[str, str]:
     """What a bring-your-own command (spec.command) in torchrun pod `node_rank` gets besides the contract.
 
     The plain names (MASTER_ADDR, NNODES, ...) are for scripts that read them; the PET_* names are torchrun's
@@ -93,9 +93,9 @@ def command_env(layout: Layout, master_addr: str, master_port: int, node_rank: i
     layout_env = {
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        "NNODES": str(layout.nodes),
+        "NNODES": str(nodes),
         "NODE_RANK": str(node_rank),
-        "NPROC_PER_NODE": str(layout.procs_per_node),
+        "NPROC_PER_NODE": str(procs_per_node),
     }
     pet = {f"PET_{k}": v for k, v in layout_env.items()}
     return {**layout_env, **pet}

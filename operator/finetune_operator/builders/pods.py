@@ -163,7 +163,7 @@ def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str,
     for i in range(layout.nodes):
         env_extra = {"FTJOB_NODE_RANK": str(i)}
         if spec.get("command"):  # bring-your-own script: torchrun's variables (PET_*), nothing else assumed
-            env_extra.update(command_env(layout, names.master_addr, c.MASTER_PORT, i))
+            env_extra.update(command_env(layout.nodes, layout.procs_per_node, names.master_addr, c.MASTER_PORT, i))
         env = container_env(job, layout, names, env_extra)
         init = []
         if i > 0:
