@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge, start_http_server
-from prometheus_client.registry import Collector
+from prometheus_client.metrics import MetricWrapperBase
 
 RECONCILES = Counter("finetune_operator_reconciles_total", "Reconcile passes completed")
 RECONCILE_ERRORS = Counter("finetune_operator_reconcile_errors_total", "Reconcile passes that raised")
@@ -33,7 +33,7 @@ JOB_SAMPLES_PER_SECOND = Gauge(
     JOB_LABELS,
 )
 JOB_GAUGES = (JOB_PROGRESS, JOB_STEP, JOB_TOTAL_STEPS, JOB_SAMPLES_PER_SECOND)
-COLLECTORS: tuple[Collector, ...] = (RECONCILES, RECONCILE_ERRORS, TRANSITIONS, *JOB_GAUGES)
+COLLECTORS: tuple[MetricWrapperBase, ...] = (RECONCILES, RECONCILE_ERRORS, TRANSITIONS, *JOB_GAUGES)
 
 
 def set_job_progress(namespace: str, job: str, progress: Mapping[str, Any]) -> None:
