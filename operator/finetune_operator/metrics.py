@@ -21,7 +21,10 @@ TRANSITIONS = Counter(
     "finetune_operator_job_transitions_total", "Job phase transitions", labelnames=("phase", "reason")
 )
 
-JOB_LABELS = ("namespace", "job")
+# The job's namespace and name. `job_name`, not `job`: Prometheus gives every series a `job` label of its own (the
+# scrape job) and would rename ours to `exported_job`; kube-state-metrics names Jobs the same way. `namespace`
+# would clash with the target's namespace label too, so the chart's ServiceMonitor sets honorLabels.
+JOB_LABELS = ("namespace", "job_name")
 JOB_PROGRESS = Gauge(
     "finetune_operator_job_progress_ratio", "Training steps done / total steps of a training job (0-1)", JOB_LABELS
 )

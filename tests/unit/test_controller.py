@@ -305,7 +305,7 @@ def test_the_daemon_reads_children_only_from_registered_indexes() -> None:
 # -- Prometheus gauges: set from the progress the loop reads (the real parser on rank 0's log text), read back
 # -- from the real registry that /metrics serves.
 def gauges() -> dict[str, float | None]:
-    labels = {"namespace": NS, "job": NAME}
+    labels = {"namespace": NS, "job_name": NAME}
     return {g: REGISTRY.get_sample_value(f"finetune_operator_job_{g}", labels)
             for g in ("step", "total_steps", "progress_ratio", "samples_per_second")}
 
