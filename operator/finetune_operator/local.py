@@ -50,10 +50,10 @@ class _Reporter:
     """Folds progress lines into a progress bar (tqdm, on a terminal) or a plain line every few seconds and at
     each eval/checkpoint/end (logs, CI, pipes)."""
 
-    def __init__(self, quiet: bool, label: str, tty: bool | None = None):
+    def __init__(self, quiet: bool, label: str):
         self.state: dict[str, Any] | None = None
         self.quiet = quiet
-        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.tty = sys.stderr.isatty()
         self.last_print = 0.0
         self.last_summary = ""
         self.label = label
