@@ -27,7 +27,7 @@ from .admission import validate
 from .api.validation import InvalidSpec
 from .builders.layout import launcher_of
 from .builders.names import Names
-from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS
+from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, clear_job, set_job_progress
 from .reconcile import Observed, Plan, iso, reconcile, set_condition
 from .sshkeys import generate_keys
 
@@ -215,6 +215,7 @@ class JobLoop:
         raw = self.api.get_job(ns, name)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             self.followed = None
+            clear_job(ns, name)
             return IDLE_REQUEUE_S
         old_status = dict(raw.get("status") or {})
         now = self.now()
@@ -237,6 +238,7 @@ class JobLoop:
         RECONCILES.inc()
         following = plan.status.get("phase") in FOLLOWED and not plan.delete_job
         self.followed = (job, plan.status) if following else None
+        self._export_progress(plan.status if following else None)
         if plan.delete_job:
             return IDLE_REQUEUE_S
         if plan.requeue_after is not None:
@@ -254,6 +256,14 @@ class JobLoop:
         new = {**status, "progress": prog}
         self.api.patch_status(self.namespace, self.name, status, new)  # sends only the changed key: progress
         self.followed = (job, new)
+        self._export_progress(new)
+
+    def _export_progress(self, status: Mapping[str, Any] | None) -> None:
+        """The job's Prometheus gauges follow status.progress while it trains; any other phase clears them."""
+        if status is not None and status.get("progress"):
+            set_job_progress(self.namespace, self.name, status["progress"])
+        else:
+            clear_job(self.namespace, self.name)
 
     def _read_progress(self, job: dict[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:
         """Rank 0's newest progress folded onto status.progress, or None when it is not time to read again (every
@@ -307,10 +317,11 @@ class Loops:
 
     @contextlib.contextmanager
     def running(self, loop: JobLoop) -> Iterator[JobLoop]:
-        """Registered while the job's daemon runs; its state goes with it."""
+        """Registered while the job's daemon runs; its state (and its metrics' series) go with it."""
         self._loops[loop.key] = loop
         try:
             yield loop
         finally:
             if self._loops.get(loop.key) is loop:
                 del self._loops[loop.key]
+                clear_job(*loop.key)

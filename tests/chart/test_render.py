@@ -62,7 +62,8 @@ def bound_subjects(binding: Manifest) -> list[tuple[str, str, str]]:
 def test_helm_lint_default_and_all_features(helm: str, tmp_path: Any) -> None:
     values = tmp_path / "all.yaml"
     values.write_text(
-        yaml.safe_dump(Values().namespaced("team-a", "team-b").cache_pvc().service_monitor().network_policy().data)
+        yaml.safe_dump(Values().namespaced("team-a", "team-b").cache_pvc().service_monitor().network_policy()
+                       .grafana_dashboard().data)
     )
     for extra in ([], ["-f", str(values)]):
         out = subprocess.run(
@@ -241,7 +242,7 @@ def test_service_monitor_selects_the_metrics_service(render: Renderer) -> None:
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"] == [
-        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+        {"port": "metrics", "path": "/metrics", "honorLabels": True, "interval": "15s", "scrapeTimeout": "10s"}
     ]
     assert service["spec"]["ports"][0] == {
         "name": "metrics",

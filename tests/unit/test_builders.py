@@ -209,6 +209,12 @@ def test_bring_your_own_command_gets_rank_env_only() -> None:
     assert ctr["command"] == ["python", "train.py"]
     env = env_of(ctr)
     assert env["MASTER_ADDR"] == "byo-rank-0.byo.default.svc" and env["NODE_RANK"] == "1"
+    # torchrun's own defaults (Kubeflow's PyTorchJob sets the same): a bare `torchrun train.py` joins one world.
+    assert {k: v for k, v in env.items() if k.startswith("PET_")} == {
+        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "byo-rank-0.byo.default.svc", "PET_MASTER_PORT": "29500"}
+    builtin = render(make_job("own").nodes(2).classification().build())  # the runtime's launch passes flags
+    assert not any(k.startswith("PET_") for k in env_of(pod(builtin, "own-rank-1")["spec"]["containers"][0]))
     cfg = next(o for o in c.objects if o["kind"] == "ConfigMap")
     assert '"task": null' in cfg["data"]["config.json"]
 

@@ -13,8 +13,9 @@ from typing import Any
 import kopf
 import pytest
 from ftjobs import make_job
+from prometheus_client import REGISTRY
 
-from finetune_operator import controller, handlers
+from finetune_operator import controller, handlers, metrics
 from finetune_operator.controller import (
     ERROR_BACKOFF_S,
     IDLE_REQUEUE_S,
@@ -299,3 +300,74 @@ def test_the_daemon_reads_children_only_from_registered_indexes() -> None:
     assert "job_daemon" in {str(h.id) for h in registry._spawning.get_all_handlers()}
     # The NetworkPolicy index is added by run_operator() when the config enables policies, before kopf runs.
     assert handlers._index_ids({"networkPolicy": {"enabled": True}})[-1] == "job_networkpolicies"
+
+
+# -- Prometheus gauges: set from the progress the loop reads (the real parser on rank 0's log text), read back
+# -- from the real registry that /metrics serves.
+def gauges() -> dict[str, float | None]:
+    labels = {"namespace": NS, "job_name": NAME}
+    return {g: REGISTRY.get_sample_value(f"finetune_operator_job_{g}", labels)
+            for g in ("step", "total_steps", "progress_ratio", "samples_per_second")}
+
+
+NONE = dict.fromkeys(("step", "total_steps", "progress_ratio", "samples_per_second"))
+TRAIN_LINE = 'FTJOB_PROGRESS {"event":"train","step":%d,"totalSteps":40,"loss":0.5,"samplesPerSecond":%s}\n'
+
+
+def training_world() -> World:
+    """A Running job whose rank 0 has logged step 10 of 40 at 32 samples/s."""
+    metrics.clear_job(NS, NAME)
+    w = World()
+    w.step()
+    w.running()
+    w.api.log = "ftjob-runtime launch: torchrun ...\n" + TRAIN_LINE % (10, "32.0")
+    w.loop.wake()
+    w.step()  # Pending -> Running: followed from now on
+    assert w.api.job["status"]["phase"] == "Running" and gauges() == NONE
+    w.loop.wake()
+    w.step()  # a pass of a Running job reads rank 0's log
+    return w
+
+
+def test_progress_and_throughput_gauges_follow_a_training_job_and_clear_when_it_ends() -> None:
+    w = training_world()
+    assert gauges() == {"step": 10, "total_steps": 40, "progress_ratio": 0.25, "samples_per_second": 32.0}
+    w.api.log += TRAIN_LINE % (30, "40.5")
+    w.clock.advance(PROGRESS_EVERY_S)
+    w.step()  # a progress refresh between passes
+    assert gauges() == {"step": 30, "total_steps": 40, "progress_ratio": 0.75, "samples_per_second": 40.5}
+    for pod in w.pods:
+        pod["status"]["phase"] = "Succeeded"
+    w.loop.wake()
+    w.step()
+    assert w.api.job["status"]["phase"] == "Succeeded"
+    assert gauges() == NONE  # no stale series of a finished job
+
+
+def test_gauges_clear_when_the_job_is_deleted_or_its_loop_stops() -> None:
+    w = training_world()
+    w.api.job["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    w.loop.wake()
+    w.step()
+    assert gauges() == NONE
+    w = training_world()
+    loops = Loops()
+    with loops.running(w.loop):
+        w.clock.advance(PROGRESS_EVERY_S)
+        w.step()
+        assert gauges()["step"] == 10
+    assert gauges() == NONE  # the daemon ended (job gone, operator stopping): its series go too
+
+
+def test_a_precompile_trial_run_is_not_training_progress() -> None:
+    metrics.set_job_progress(NS, NAME, {"event": "train", "step": 3, "totalSteps": 6})
+    metrics.set_job_progress(NS, NAME, {"event": "precompile", "step": 4, "totalSteps": 16})
+    assert gauges() == NONE
+
+
+def test_exported_names_are_what_metrics_serves() -> None:
+    metrics.set_job_progress(NS, NAME, {"event": "train", "step": 1, "totalSteps": 2, "samplesPerSecond": 1.0})
+    metrics.TRANSITIONS.labels(phase="Running", reason="Started")
+    served = {s.name for fam in REGISTRY.collect() for s in fam.samples if s.name.startswith("finetune_operator_")}
+    metrics.clear_job(NS, NAME)
+    assert served == metrics.exported_names()

@@ -52,3 +52,21 @@ def test_api_reference_is_generated() -> None:
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "api.md"
     assert doc.read_text() == render(), "docs/api.md is stale: run `.venv/bin/ftjob api-docs > docs/api.md`"
+
+
+def test_migration_guide_names_only_real_fields() -> None:
+    """The hand-written PyTorchJob/MPIJob section of docs/api.md names `spec.*` paths the schema has."""
+    import re
+
+    from finetune_operator.api.schema import SPEC
+    from finetune_operator.apidoc import MIGRATION
+
+    def paths(node: dict[str, Any], prefix: str) -> set[str]:
+        out = {prefix}
+        for k, sub in (node.get("properties") or {}).items():
+            out |= paths(sub, f"{prefix}.{k}")
+        return out
+
+    named = set(re.findall(r"`(spec(?:\.\w+)+)", MIGRATION))
+    assert {"spec.command", "spec.mpi.slotsPerNode", "spec.runPolicy.queueName"} <= named
+    assert named <= paths(SPEC, "spec"), sorted(named - paths(SPEC, "spec"))

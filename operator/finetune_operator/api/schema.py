@@ -346,7 +346,10 @@ SPEC = _o(
         "task": TASK,
         "command": _strlist(
             "Bring-your-own command run in every rank pod (torchrun) or by mpirun (mpi) instead of the built-in "
-            "task. The rank environment is injected; nothing else is assumed.",
+            "task. The rank environment is injected; nothing else is assumed. torchrun pods get PET_NNODES, "
+            "PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT (torchrun's defaults, as "
+            "Kubeflow's PyTorchJob sets them), so [torchrun, train.py] forms one world across the pods. "
+            "`ftjob run` runs it locally the same way.",
             256,
             minItems=1,
         ),

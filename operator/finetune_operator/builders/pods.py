@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from .. import constants as c
-from .env import container_env
+from .env import command_env, container_env
 from .layout import Layout
 from .names import Names
 from .objects import labels, owner_reference
@@ -164,16 +164,8 @@ def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str,
     pods = []
     for i in range(layout.nodes):
         env_extra = {"FTJOB_NODE_RANK": str(i)}
-        if spec.get("command"):  # bring-your-own script: the usual torchrun variables, nothing else assumed
-            env_extra.update(
-                {
-                    "MASTER_ADDR": names.master_addr,
-                    "MASTER_PORT": str(c.MASTER_PORT),
-                    "NNODES": str(layout.nodes),
-                    "NODE_RANK": str(i),
-                    "NPROC_PER_NODE": str(layout.procs_per_node),
-                }
-            )
+        if spec.get("command"):  # bring-your-own script: torchrun's variables (PET_*), nothing else assumed
+            env_extra.update(command_env(layout.nodes, layout.procs_per_node, names.master_addr, c.MASTER_PORT, i))
         env = container_env(job, layout, names, env_extra)
         init = []
         if i > 0:
