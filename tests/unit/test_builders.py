@@ -182,10 +182,11 @@ def test_bring_your_own_command_gets_rank_env_only() -> None:
 
 
 def test_user_env_wins_and_hf_token_from_secret() -> None:
-    job = make_job().classification().set("spec.env", [{"name": "OMP_NUM_THREADS", "value": "7"}]).set(
+    job = make_job().classification().set("spec.env", [{"name": "TOKENIZERS_PARALLELISM", "value": "false"}]).set(
         "spec.hfTokenSecretRef", {"name": "hf"}).build()
     env = render(job).pods[0]["spec"]["containers"][0]["env"]
-    assert [e for e in env if e["name"] == "OMP_NUM_THREADS"] == [{"name": "OMP_NUM_THREADS", "value": "7"}]
+    assert [e for e in env if e["name"] == "TOKENIZERS_PARALLELISM"] == [
+        {"name": "TOKENIZERS_PARALLELISM", "value": "false"}]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in env
 
 
