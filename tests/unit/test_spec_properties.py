@@ -5,9 +5,12 @@ jobs through the real API server."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 import pytest
@@ -20,19 +23,32 @@ from finetune_operator.admission import validate
 from finetune_operator.api.formats import parse_quantity
 from finetune_operator.api.validation import InvalidSpec
 from finetune_operator.builders import SshKeys, desired
+from finetune_operator.cli import main
 
 KEYS = SshKeys("k", "k.pub", "h", "h.pub")
+# Modest counts keep each property at a few seconds; CI's hypothesis database remembers failures across runs.
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST_RENDER = settings(FAST, max_examples=40)  # each example renders every pod
 
 
-@FAST
+def render(job: dict[str, Any]) -> tuple[int, str, str]:
+    """`ftjob render -f job.yaml`, in-process (a subprocess per example would make the suite slow)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(yaml.safe_dump(job))
+        f.flush()
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(["render", "-f", f.name])
+    return rc, out.getvalue(), err.getvalue()
+
+
+@FAST_RENDER
 @given(valid_jobs())
 def test_valid_jobs_are_accepted_and_render(job: dict[str, Any]) -> None:
-    try:
-        checked = validate(job)
-    except InvalidSpec as e:
-        pytest.fail(f"a valid job was rejected:\n{e}\n{yaml.safe_dump(job)}")
-    children = desired(checked, ssh_keys=KEYS)
+    rc, out, err = render(job)
+    assert rc == 0 and not err, f"a valid job was rejected:\n{err}\n{yaml.safe_dump(job)}"
+    assert sum(d["kind"] == "Pod" for d in yaml.safe_load_all(out) if d) >= job["spec"]["hardware"].get("nodes", 1)
+    children = desired(validate(job), ssh_keys=KEYS)
     for pod in children.pods:
         for ctr in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
             assert all(isinstance(e.get("value", ""), str) for e in ctr["env"])
@@ -50,6 +66,8 @@ def test_invalid_jobs_are_rejected_naming_the_field(case: tuple[dict[str, Any], 
         validate(job)
     fields = [e.field for e in exc.value.errors]
     assert names_field(mistake.field, fields), f"{mistake.id}: {mistake.field} not in {fields}"
+    rc, out, err = render(job)
+    assert rc == 1 and out == "" and mistake.field in err, (mistake.id, err)
 
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: m.id)
