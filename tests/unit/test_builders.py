@@ -262,3 +262,19 @@ def test_network_policy_isolates_each_job_when_enabled() -> None:
     import kubernetes_validate
 
     assert kubernetes_validate.validate(np, PINNED_K8S, strict=True) == PINNED_K8S
+
+
+def test_cpu_quantities_in_any_unit_size_threads() -> None:
+    for cpu, threads in (("2k", "2000"), ("4", "4"), ("3500m", "3"), ("8e0", "8")):
+        job = make_job().classification().set("spec.hardware.resources", {"requests": {"cpu": cpu}}).build()
+        assert env_of(render(job).pods[0]["spec"]["containers"][0])["OMP_NUM_THREADS"] == threads, cpu
+
+
+def test_a_derived_request_is_lowered_to_the_users_limit() -> None:
+    """xeon-amx sizes requests from the instance; a lower user limit must not leave request > limit, which the
+    API server refuses."""
+    job = (make_job().profile("xeon-amx").instance("m7i.metal-48xl").classification()
+           .set("spec.hardware.resources", {"limits": {"cpu": "8", "memory": "16Gi"}}).build())
+    res = render(job).pods[0]["spec"]["containers"][0]["resources"]
+    assert res["requests"]["cpu"] == "8" and res["limits"]["cpu"] == "8"
+    assert res["requests"]["memory"] == "16Gi"
