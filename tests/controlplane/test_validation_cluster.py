@@ -5,8 +5,8 @@ CEL rules): valid ones are accepted, invalid ones refused naming their field. An
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,11 @@ from kubernetes.client.exceptions import ApiException
 from operator_support import NO_KUBELET, install_crd, running_operator
 from specgen import Mistake, invalid_jobs, valid_jobs
 
+from finetune_operator.admission import validate
+from finetune_operator.builders import SshKeys, desired
+
 API = ("finetune.dev", "v1alpha1")
+KEYS = SshKeys("k", "k.pub", "h", "h.pub")
 # Each example is one server round trip: a bounded sample keeps the tier fast.
 SAMPLE = settings(max_examples=25, deadline=None, derandomize=True,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -27,19 +31,6 @@ SAMPLE = settings(max_examples=25, deadline=None, derandomize=True,
 @pytest.fixture(scope="module")
 def crd(kubectl: Any, wait_for: Any) -> None:
     install_crd(kubectl, wait_for)
-
-
-@pytest.fixture(scope="module")
-def dry_ns(kube_api: client.ApiClient, crd: None) -> Iterator[str]:
-    """A namespace for server-side dry runs (nothing is stored)."""
-    core = client.CoreV1Api(kube_api)
-    name = "t-validation-dry"
-    try:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    except ApiException as e:
-        if e.status != 409:
-            raise
-    yield name
 
 
 def _create(kube_api: client.ApiClient, ns: str, job: dict[str, Any], dry_run: bool = True) -> str | None:
@@ -54,22 +45,37 @@ def _create(kube_api: client.ApiClient, ns: str, job: dict[str, Any], dry_run: b
     return None
 
 
-def test_sampled_valid_jobs_are_accepted(kube_api: client.ApiClient, dry_ns: str) -> None:
+def test_sampled_valid_jobs_are_accepted_and_so_are_their_pods(crd: None, kube_api: client.ApiClient,
+                                                                namespace: str) -> None:
+    """Both halves of the promise: the CRD accepts the job, and the pod validation accepts the pods rendered
+    from it (server-side dry runs; podrules.py must not let through what the pod's own rules refuse)."""
+    core = client.CoreV1Api(kube_api)
+
     @SAMPLE
     @given(valid_jobs())
     def check(job: dict[str, Any]) -> None:
-        refused = _create(kube_api, dry_ns, job)
+        refused = _create(kube_api, namespace, job)
         assert refused is None, f"the API server refused a valid job: {refused}\n{job}"
+        job = copy.deepcopy(job)
+        job["metadata"].update(namespace=namespace, uid="00000000-0000-0000-0000-000000000000")
+        for pod in desired(validate(job), ssh_keys=KEYS).pods:
+            # Only existence is checked by the ServiceAccount admission plugin; the name's format was the CRD's.
+            pod["spec"].pop("serviceAccountName", None)
+            try:
+                core.create_namespaced_pod(namespace, pod, dry_run="All", field_validation="Strict")
+            except ApiException as e:
+                pytest.fail(f"pod {pod['metadata']['name']} of a valid job was refused: {e.body}\n{job}")
 
     check()
 
 
-def test_sampled_invalid_jobs_are_refused_naming_the_field(kube_api: client.ApiClient, dry_ns: str) -> None:
+def test_sampled_invalid_jobs_are_refused_naming_the_field(crd: None, kube_api: client.ApiClient,
+                                                           namespace: str) -> None:
     @SAMPLE
     @given(invalid_jobs())
     def check(case: tuple[dict[str, Any], Mistake]) -> None:
         job, mistake = case
-        refused = _create(kube_api, dry_ns, job)
+        refused = _create(kube_api, namespace, job)
         assert refused is not None, f"{mistake.id} was accepted:\n{job}"
         assert mistake.field in refused, f"{mistake.id}: {mistake.field} not named in: {refused}"
 

@@ -181,7 +181,7 @@ def test_error_backoff_grows_ignores_wake_ups_and_shows_in_status() -> None:
     assert cond["status"] == "False" and cond["reason"] == "Recovered"
 
 
-def test_a_pod_refused_as_invalid_fails_the_job_once_without_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pod_refused_as_invalid_fails_the_job_once_without_retry_fake_api(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fake API (no API server in this tier): the create raises what k8s.Kube raises on a 422;
     tests/controlplane/test_validation_cluster.py has the real server refuse a real pod."""
     w = World()
