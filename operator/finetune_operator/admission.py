@@ -32,7 +32,8 @@ def validate(job: dict[str, Any]) -> dict[str, Any]:
     errors: list[FieldError] = []
     if job.get("apiVersion") != API_VERSION or job.get("kind") != KIND:
         errors.append(FieldError("apiVersion/kind", f"expected apiVersion: {API_VERSION} and kind: {KIND}"))
-    if not job.get("metadata", {}).get("name"):
+    meta = job.get("metadata")
+    if not isinstance(meta, dict) or not meta.get("name"):
         errors.append(FieldError("metadata.name", "required: give the job a name"))
     schema = openapi_schema()
     body = {k: v for k, v in job.items() if k != "status"}

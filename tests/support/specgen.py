@@ -29,7 +29,9 @@ dns_subdomain = st.lists(dns_label, min_size=1, max_size=3).map(".".join)
 label_value = st.one_of(st.just(""), st.builds(lambda a, b: a + b, st.sampled_from("aZ9"),
                                                st.text(_ALNUM + "-_.", max_size=6).map(lambda s: s.rstrip("-_."))))
 label_key = st.builds(lambda p, n: f"{p}/{n}" if p else n, st.one_of(st.none(), dns_subdomain), dns_label)
-quantity = st.builds(lambda n, s: f"{n}{s}", st.integers(0, 64), st.sampled_from(["", "m", "k", "Mi", "Gi", "e2"]))
+quantity = st.one_of(  # int-or-string, as in a Pod
+    st.builds(lambda n, s: f"{n}{s}", st.integers(0, 64), st.sampled_from(["", "m", "k", "Mi", "Gi", "e2", ".5"])),
+    st.integers(0, 64))
 env_name = st.builds(lambda s: "USER_" + s, st.text("ABCXYZ_019", max_size=6))
 
 
@@ -210,7 +212,8 @@ def _qa_samples(job: Job, text: str) -> None:
 
 MISTAKES: list[Mistake] = [
     Mistake("cpu-not-a-quantity", "spec.hardware.resources.requests", _put("spec.hardware.resources.requests"),
-            ({"cpu": "abc"}, {"cpu": "2 k"}, {"memory": "1.2.3Gi"}, {"cpu": ""})),
+            ({"cpu": "abc"}, {"cpu": "2 k"}, {"memory": "1.2.3Gi"}, {"cpu": ""}, {"cpu": 1.5}, {"cpu": True},
+             {"memory": "2E"}, {"cpu": "1e999999"})),
     Mistake("negative-quantity", "spec.hardware.resources.limits", _put("spec.hardware.resources.limits"),
             ({"cpu": "-1"}, {"memory": "-5Mi"})),
     Mistake("fractional-device", "spec.hardware.resources.limits", _put("spec.hardware.resources.limits"),

@@ -265,9 +265,11 @@ def test_network_policy_isolates_each_job_when_enabled() -> None:
 
 
 def test_cpu_quantities_in_any_unit_size_threads() -> None:
-    for cpu, threads in (("2k", "2000"), ("4", "4"), ("3500m", "3"), ("8e0", "8")):
+    for cpu, threads in (("2k", "2000"), ("4", "4"), ("3500m", "3"), ("8e0", "8"), (6, "6")):
         job = make_job().classification().set("spec.hardware.resources", {"requests": {"cpu": cpu}}).build()
-        assert env_of(render(job).pods[0]["spec"]["containers"][0])["OMP_NUM_THREADS"] == threads, cpu
+        ctr = render(job).pods[0]["spec"]["containers"][0]
+        assert env_of(ctr)["OMP_NUM_THREADS"] == threads, cpu
+        assert ctr["resources"]["requests"]["cpu"] == str(cpu)  # `cpu: 6` in the spec, "6" in the pod
 
 
 def test_a_derived_request_is_lowered_to_the_users_limit() -> None:

@@ -81,7 +81,7 @@ def test_every_mistake_is_caught_on_a_plain_job(mistake: Mistake) -> None:
         assert names_field(mistake.field, [e.field for e in exc.value.errors]), (mistake.id, example, exc.value)
 
 
-@pytest.mark.parametrize("value", ["2k", "abc", "1.2.3", "-1"])
+@pytest.mark.parametrize("value", ["2k", "abc", "1.2.3", "-1", "1e999999", "2E"])
 def test_render_never_prints_a_traceback_for_cpu_quantities(tmp_path, value: str) -> None:
     job = make_job().classification().set("spec.hardware.resources", {"requests": {"cpu": value}}).build()
     path = tmp_path / "job.yaml"
@@ -93,5 +93,5 @@ def test_render_never_prints_a_traceback_for_cpu_quantities(tmp_path, value: str
         assert r.returncode == 0 and "OMP_NUM_THREADS" in r.stdout
     else:
         assert r.returncode == 1
-        assert "spec.hardware.resources.requests: spec.hardware.resources.requests values must be non-negative " \
-            "Kubernetes quantities" in r.stderr
+        assert ("spec.hardware.resources.requests: spec.hardware.resources.requests values must be non-negative "
+                "Kubernetes quantities below 1E") in r.stderr

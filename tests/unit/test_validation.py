@@ -169,3 +169,13 @@ def test_hf_token_is_reserved_only_with_hf_token_secret_ref() -> None:
 def test_every_ftjob_variable_is_reserved_even_one_not_set_yet() -> None:
     with pytest.raises(InvalidSpec, match="FTJOB_"):
         validate(make_job().classification().set("spec.env", [{"name": "FTJOB_FUTURE", "value": "1"}]).build())
+
+
+def test_render_reports_unreadable_input_without_a_traceback(tmp_path) -> None:
+    for text, expect in (("a: [", "is not valid YAML"), ("metadata: x\nspec: {}\n", "metadata: must be of type object"),
+                         ("- 1\n- 2\n", "every document must be a FineTuneJob mapping")):
+        path = tmp_path / "job.yaml"
+        path.write_text(text)
+        r = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and expect in r.stderr, r.stderr

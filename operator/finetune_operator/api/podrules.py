@@ -23,13 +23,22 @@ ENV_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef"
 ENVFROM_SOURCES = ("configMapRef", "secretRef")
 
 
-def _cmp(a: str, b: str) -> int:
-    qa, qb = f.parse_quantity(a), f.parse_quantity(b)
+# Quantities at or above this (1E = 10^18) name no real resource, and overflow the int64 Kubernetes counts in.
+QUANTITY_CEILING = "1E"
+
+
+def _q(v: Any) -> str:
+    return str(v)  # an int-or-string value, as CEL's string() gives it
+
+
+def _cmp(a: Any, b: Any) -> int:
+    qa, qb = f.parse_quantity(_q(a)), f.parse_quantity(_q(b))
     return (qa > qb) - (qa < qb)
 
 
 def _quantities_ok(m: Obj | None) -> bool:
-    return all(f.is_quantity(v) and f.parse_quantity(v) >= 0 for v in (m or {}).values())
+    return all(f.is_quantity(_q(v)) and 0 <= f.parse_quantity(_q(v)) < f.parse_quantity(QUANTITY_CEILING)
+               for v in (m or {}).values())
 
 
 def _names_ok(m: Obj | None) -> bool:
@@ -39,17 +48,17 @@ def _names_ok(m: Obj | None) -> bool:
 def _extended_ok(r: Obj) -> bool:
     req, lim = r.get("requests") or {}, r.get("limits") or {}
     for k, v in req.items():
-        if f.is_extended_resource(k) and (k not in lim or not f.is_quantity(v) or not f.is_quantity(lim[k])
+        if f.is_extended_resource(k) and (k not in lim or not f.is_quantity(_q(v)) or not f.is_quantity(_q(lim[k]))
                                           or _cmp(v, lim[k]) != 0):
             return False
     return all(not f.is_extended_resource(k) or k.startswith(f.HUGEPAGES_PREFIX)
-               or not f.is_quantity(v) or f.parse_quantity(v) == f.parse_quantity(v).to_integral_value()
+               or not f.is_quantity(_q(v)) or f.parse_quantity(_q(v)) == f.parse_quantity(_q(v)).to_integral_value()
                for k, v in lim.items())
 
 
 def _requests_within_limits(r: Obj) -> bool:
     req, lim = r.get("requests") or {}, r.get("limits") or {}
-    return all(k not in lim or not (f.is_quantity(v) and f.is_quantity(lim[k])) or _cmp(v, lim[k]) <= 0
+    return all(k not in lim or not (f.is_quantity(_q(v)) and f.is_quantity(_q(lim[k]))) or _cmp(v, lim[k]) <= 0
                for k, v in req.items())
 
 
@@ -108,8 +117,9 @@ _TOLERATION_CEL = (
 
 def pod_rules() -> list[Rule]:
     """Rules whose failure would otherwise surface only as a refused pod create."""
-    qty = "isQuantity(self.{m}[k]) && quantity(self.{m}[k]).sign() >= 0"
-    integral = "quantity(self.limits[k]).isInteger()"
+    qty = ("isQuantity(string(self.{m}[k])) && quantity(string(self.{m}[k])).sign() >= 0 && "
+           f"quantity(string(self.{{m}}[k])).isLessThan(quantity('{QUANTITY_CEILING}'))")
+    integral = "quantity(string(self.limits[k])).isInteger()"
     return [
         Rule(
             "resource-names",
@@ -127,8 +137,8 @@ def pod_rules() -> list[Rule]:
             "spec.hardware.resources",
             f"!has(self.requests) || self.requests.all(k, {qty.format(m='requests')})",
             ".requests",
-            "spec.hardware.resources.requests values must be non-negative Kubernetes quantities such as '8', "
-            "'7500m', '32Gi' or '2e3'; fix the value",
+            "spec.hardware.resources.requests values must be non-negative Kubernetes quantities below 1E such as "
+            "8, '7500m', '32Gi' or '2e3'; fix the value",
             lambda r: _quantities_ok(r.get("requests")),
         ),
         Rule(
@@ -136,16 +146,16 @@ def pod_rules() -> list[Rule]:
             "spec.hardware.resources",
             f"!has(self.limits) || self.limits.all(k, {qty.format(m='limits')})",
             ".limits",
-            "spec.hardware.resources.limits values must be non-negative Kubernetes quantities such as '8', "
-            "'7500m', '32Gi' or '2e3'; fix the value",
+            "spec.hardware.resources.limits values must be non-negative Kubernetes quantities below 1E such as "
+            "8, '7500m', '32Gi' or '2e3'; fix the value",
             lambda r: _quantities_ok(r.get("limits")),
         ),
         Rule(
             "resource-requests-within-limits",
             "spec.hardware.resources",
             "!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits) || "
-            "!isQuantity(self.requests[k]) || !isQuantity(self.limits[k]) || "
-            "quantity(self.requests[k]).compareTo(quantity(self.limits[k])) <= 0)",
+            "!isQuantity(string(self.requests[k])) || !isQuantity(string(self.limits[k])) || "
+            "quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) <= 0)",
             ".requests",
             "spec.hardware.resources.requests must not exceed spec.hardware.resources.limits for the same "
             "resource; lower the request or raise the limit",
@@ -155,10 +165,11 @@ def pod_rules() -> list[Rule]:
             "extended-resources-limited",
             "spec.hardware.resources",
             "(!has(self.requests) || self.requests.all(k, k in ['cpu', 'memory', 'ephemeral-storage'] || "
-            "(has(self.limits) && k in self.limits && isQuantity(self.requests[k]) && isQuantity(self.limits[k]) "
-            "&& quantity(self.requests[k]).compareTo(quantity(self.limits[k])) == 0))) && "
+            "(has(self.limits) && k in self.limits && isQuantity(string(self.requests[k])) && "
+            "isQuantity(string(self.limits[k])) && "
+            "quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) == 0))) && "
             "(!has(self.limits) || self.limits.all(k, k in ['cpu', 'memory', 'ephemeral-storage'] || "
-            f"k.startsWith('hugepages-') || !isQuantity(self.limits[k]) || {integral}))",
+            f"k.startsWith('hugepages-') || !isQuantity(string(self.limits[k])) || {integral}))",
             ".limits",
             "device and hugepages resources (e.g. nvidia.com/gpu, hugepages-2Mi) cannot be overcommitted: set them "
             "in spec.hardware.resources.limits (whole numbers for devices); a request, if given, must equal the "

@@ -65,11 +65,15 @@ def _strlist(description: str, max_items: int = 256, **kw: Any) -> Schema:
 
 
 def _quantities(description: str) -> Schema:
-    """Resource name -> quantity (checked by podrules.py: CEL isQuantity() in the CRD)."""
+    """Resource name -> quantity, an integer or a string as in a Pod (`cpu: 2` or `cpu: 500m`); checked by
+    podrules.py (CEL isQuantity() in the CRD)."""
     return {
         "type": "object",
         "description": description,
-        "additionalProperties": {"type": "string", "maxLength": f.QUANTITY_MAX_LENGTH},
+        "additionalProperties": {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string", "maxLength": f.QUANTITY_MAX_LENGTH}],
+        },
         "maxProperties": 32,
     }
 

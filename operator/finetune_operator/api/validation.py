@@ -86,6 +86,9 @@ def _walk(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> No
     if value is None:
         errors.append(FieldError(path, "must not be null; remove the field to use the default"))
         return
+    if schema.get("x-kubernetes-int-or-string"):
+        _int_or_string(schema, value, path, errors)
+        return
     if expected and not _type_ok(expected, value):
         errors.append(FieldError(path, f"must be of type {expected}, got {type(value).__name__} {value!r}"))
         return
@@ -112,6 +115,15 @@ def _walk(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> No
             _walk(schema.get("items", {}), item, f"{path}[{i}]", errors)
     if expected == "object":
         _object(schema, value, path, errors)
+
+
+def _int_or_string(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> None:
+    if not (_type_ok("integer", value) or _type_ok("string", value)):
+        errors.append(FieldError(path, f"must be an integer or a string, got {type(value).__name__} {value!r}"))
+        return
+    for branch in schema.get("anyOf", []):
+        if branch.get("type") == "string" and isinstance(value, str):
+            _walk(branch, value, path, errors)
 
 
 def _bounds(schema: Schema, value: float, path: str, errors: list[FieldError]) -> None:

@@ -101,8 +101,9 @@ def resolve(job: dict[str, Any]) -> Layout:
             limits["hugepages-2Mi"] = p.efa.hugepages_2mi
 
     user = hw.get("resources") or {}
-    requests.update(user.get("requests") or {})
-    limits.update(user.get("limits") or {})
+    # int-or-string in the spec (`cpu: 2`); always strings in the pods, as the API server returns them.
+    requests.update({k: str(v) for k, v in (user.get("requests") or {}).items()})
+    limits.update({k: str(v) for k, v in (user.get("limits") or {}).items()})
     for k in ("cpu", "memory"):  # a derived request never exceeds the user's limit (the pod would be refused)
         if k in limits and k in requests and k not in (user.get("requests") or {}) and \
                 parse_quantity(requests[k]) > parse_quantity(limits[k]):
