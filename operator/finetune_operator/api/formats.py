@@ -35,6 +35,17 @@ CONFIG_KEY_MAX = 253
 # whitespace never names a pullable image).
 IMAGE = r"^[^\s]+$"
 
+# What each pattern means, for `ftjob render`'s messages (the API server quotes the pattern itself).
+PATTERN_HINTS = {
+    DNS_SUBDOMAIN: "use a DNS subdomain: lower-case letters, digits, '-' and '.', starting and ending with a "
+                   "letter or digit (e.g. my-name)",
+    LABEL_VALUE: "use a label value: at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter "
+                 "or digit, or empty",
+    ENV_NAME: "use printable ASCII characters other than '='",
+    CONFIG_KEY: "use letters, digits, '-', '_' and '.'",
+    IMAGE: "remove the whitespace",
+}
+
 # Resource names a container may request without a domain prefix (the rest carry one, e.g. nvidia.com/gpu).
 NATIVE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 HUGEPAGES_PREFIX = "hugepages-"

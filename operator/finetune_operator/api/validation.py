@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .formats import PATTERN_HINTS
 from .schema import Schema
 
 
@@ -105,7 +106,8 @@ def _walk(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> No
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(FieldError(path, f"must have at most {schema['maxLength']} characters"))
         if "pattern" in schema and re.search(schema["pattern"], value) is None:
-            errors.append(FieldError(path, f"{value!r} does not match the pattern {schema['pattern']}"))
+            hint = PATTERN_HINTS.get(schema["pattern"], f"it must match the pattern {schema['pattern']}")
+            errors.append(FieldError(path, f"{value!r} is not allowed here; {hint}"))
     if expected == "array":
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             errors.append(FieldError(path, f"must have at most {schema['maxItems']} items"))
