@@ -91,7 +91,8 @@ def _walk(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> No
         _int_or_string(schema, value, path, errors)
         return
     if expected and not _type_ok(expected, value):
-        errors.append(FieldError(path, f"must be of type {expected}, got {type(value).__name__} {value!r}"))
+        quote = " (quote it in YAML)" if expected == "string" and isinstance(value, int | float | bool) else ""
+        errors.append(FieldError(path, f"must be of type {expected}, got {type(value).__name__} {value!r}{quote}"))
         return
     if "enum" in schema and value not in schema["enum"]:
         allowed = ", ".join(str(v) for v in schema["enum"])
