@@ -104,7 +104,7 @@ _ENV_CEL = (
     f" && (!has(e.valueFrom.resourceFieldRef) || (e.valueFrom.resourceFieldRef.resource in "
     f"{_cel_list(ENV_RESOURCE_FIELDS)} && (!has(e.valueFrom.resourceFieldRef.divisor) || "
     "(isQuantity(e.valueFrom.resourceFieldRef.divisor) && "
-    "quantity(e.valueFrom.resourceFieldRef.divisor).sign() > 0))))))"
+    "quantity(e.valueFrom.resourceFieldRef.divisor).compareTo(quantity('0')) > 0))))))"
 )
 
 _TOLERATION_CEL = (
@@ -117,7 +117,7 @@ _TOLERATION_CEL = (
 
 def pod_rules() -> list[Rule]:
     """Rules whose failure would otherwise surface only as a refused pod create."""
-    qty = ("isQuantity(string(self.{m}[k])) && quantity(string(self.{m}[k])).sign() >= 0 && "
+    qty = ("isQuantity(string(self.{m}[k])) && quantity(string(self.{m}[k])).compareTo(quantity('0')) >= 0 && "
            f"quantity(string(self.{{m}}[k])).isLessThan(quantity('{QUANTITY_CEILING}'))")
     integral = "quantity(string(self.limits[k])).isInteger()"
     return [

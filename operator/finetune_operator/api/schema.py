@@ -72,7 +72,8 @@ def _quantities(description: str) -> Schema:
         "description": description,
         "additionalProperties": {
             "x-kubernetes-int-or-string": True,
-            "anyOf": [{"type": "integer"}, {"type": "string", "maxLength": f.QUANTITY_MAX_LENGTH}],
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "maxLength": f.QUANTITY_MAX_LENGTH,  # strings only; bounds the CEL cost estimate
         },
         "maxProperties": 32,
     }

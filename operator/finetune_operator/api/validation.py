@@ -124,9 +124,8 @@ def _int_or_string(schema: Schema, value: Any, path: str, errors: list[FieldErro
     if not (_type_ok("integer", value) or _type_ok("string", value)):
         errors.append(FieldError(path, f"must be an integer or a string, got {type(value).__name__} {value!r}"))
         return
-    for branch in schema.get("anyOf", []):
-        if branch.get("type") == "string" and isinstance(value, str):
-            _walk(branch, value, path, errors)
+    if isinstance(value, str) and "maxLength" in schema and len(value) > schema["maxLength"]:
+        errors.append(FieldError(path, f"must have at most {schema['maxLength']} characters"))
 
 
 def _bounds(schema: Schema, value: float, path: str, errors: list[FieldError]) -> None:
