@@ -107,8 +107,8 @@ def _walk(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> No
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(FieldError(path, f"must have at most {schema['maxLength']} characters"))
         if "pattern" in schema and re.search(schema["pattern"], value) is None:
-            hint = PATTERN_HINTS.get(schema["pattern"], f"it must match the pattern {schema['pattern']}")
-            errors.append(FieldError(path, f"{value!r} is not allowed here; {hint}"))
+            means = PATTERN_HINTS.get(schema["pattern"], f"it must match the pattern {schema['pattern']}")
+            errors.append(FieldError(path, f"{value!r} is not allowed here; {means}"))
     if expected == "array":
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             errors.append(FieldError(path, f"must have at most {schema['maxItems']} items"))
