@@ -29,6 +29,7 @@ from .builders.layout import launcher_of
 from .builders.names import Names
 from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, clear_job, set_job_progress
 from .reconcile import Observed, Plan, iso, reconcile, set_condition
+from .refusal import Refused, failed_status
 from .sshkeys import generate_keys
 
 log = logging.getLogger("finetune_operator")
@@ -234,7 +235,16 @@ class JobLoop:
         job["status"] = raw.get("status") or {}
         prog = self._read_progress(job, old_status) if old_status.get("phase") in FOLLOWED else None
         plan = reconcile(job, Observed(pods, objects, now, prog, functools.partial(generate_keys, name)), self.config)
-        apply(self.api, job, old_status, plan)
+        try:
+            apply(self.api, job, old_status, plan)
+        except Refused as e:
+            # No retry: the job ends here; the next pass (terminal phase) removes any pod this one created.
+            status, msg = failed_status(plan.status, e, now)
+            self.api.patch_status(ns, name, old_status, status)
+            self.api.event(raw, "Warning", "InvalidSpec", msg)
+            TRANSITIONS.labels(phase="Failed", reason="InvalidSpec").inc()
+            self.followed = None
+            return IDLE_REQUEUE_S
         RECONCILES.inc()
         following = plan.status.get("phase") in FOLLOWED and not plan.delete_job
         self.followed = (job, plan.status) if following else None

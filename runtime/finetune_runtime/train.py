@@ -569,7 +569,7 @@ def _run_worker() -> int:
         preds: Any
         if task.type == QUESTION_ANSWERING:
             ds, vex = task.dataset, dsets["validation_examples"]
-            samples = task.inference_samples or [
+            samples: list[Any] = list(task.inference_questions or []) or [
                 {"question": ex[ds.question_column], "context": ex[ds.context_column],
                  "gold": list(ex[ds.answers_column]["text"])}
                 for ex in vex.select(range(min(3, len(vex))))

@@ -453,6 +453,21 @@ def test_config_errors_name_the_key() -> None:
     assert JobConfig.from_dict({"jobName": "byo", "task": None}).task is None
 
 
+def test_qa_inference_inputs_are_checked_before_training() -> None:
+    """Sentences given to a QA job used to crash the inference check after training had finished."""
+    qa = {"type": "question-answering", "model": "m", "dataset": {"path": "p"}}
+    with pytest.raises(ConfigError, match=r"task\.inferenceQuestions"):
+        TaskConfig.from_dict({**qa, "inferenceSamples": ["What is it?"]})
+    with pytest.raises(ConfigError, match=r"task\.inferenceQuestions\[0\]"):
+        TaskConfig.from_dict({**qa, "inferenceQuestions": [{"question": "q"}]})
+    q = {"question": "Who?", "context": "Ann did."}
+    assert TaskConfig.from_dict({**qa, "inferenceQuestions": [q]}).inference_questions == [q]
+    tc = {"type": "text-classification", "model": "m", "dataset": {"path": "p"}}
+    with pytest.raises(ConfigError, match="question-answering only"):
+        TaskConfig.from_dict({**tc, "inferenceQuestions": [q]})
+    assert TaskConfig.from_dict({**tc, "inferenceSamples": ["good"]}).inference_samples == ["good"]
+
+
 # --- sshd keys / wait-for ---------------------------------------------------------------------------------
 
 

@@ -220,10 +220,11 @@ def test_bring_your_own_command_gets_rank_env_only() -> None:
 
 
 def test_user_env_wins_and_hf_token_from_secret() -> None:
-    job = make_job().classification().set("spec.env", [{"name": "OMP_NUM_THREADS", "value": "7"}]).set(
+    job = make_job().classification().set("spec.env", [{"name": "TOKENIZERS_PARALLELISM", "value": "false"}]).set(
         "spec.hfTokenSecretRef", {"name": "hf"}).build()
     env = render(job).pods[0]["spec"]["containers"][0]["env"]
-    assert [e for e in env if e["name"] == "OMP_NUM_THREADS"] == [{"name": "OMP_NUM_THREADS", "value": "7"}]
+    assert [e for e in env if e["name"] == "TOKENIZERS_PARALLELISM"] == [
+        {"name": "TOKENIZERS_PARALLELISM", "value": "false"}]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in env
 
 
@@ -299,3 +300,21 @@ def test_network_policy_isolates_each_job_when_enabled() -> None:
     import kubernetes_validate
 
     assert kubernetes_validate.validate(np, PINNED_K8S, strict=True) == PINNED_K8S
+
+
+def test_cpu_quantities_in_any_unit_size_threads() -> None:
+    for cpu, threads in (("2k", "2000"), ("4", "4"), ("3500m", "3"), ("8e0", "8"), (6, "6")):
+        job = make_job().classification().set("spec.hardware.resources", {"requests": {"cpu": cpu}}).build()
+        ctr = render(job).pods[0]["spec"]["containers"][0]
+        assert env_of(ctr)["OMP_NUM_THREADS"] == threads, cpu
+        assert ctr["resources"]["requests"]["cpu"] == str(cpu)  # `cpu: 6` in the spec, "6" in the pod
+
+
+def test_a_derived_request_is_lowered_to_the_users_limit() -> None:
+    """xeon-amx sizes requests from the instance; a lower user limit must not leave request > limit, which the
+    API server refuses."""
+    job = (make_job().profile("xeon-amx").instance("m7i.metal-48xl").classification()
+           .set("spec.hardware.resources", {"limits": {"cpu": "8", "memory": "16Gi"}}).build())
+    res = render(job).pods[0]["spec"]["containers"][0]["resources"]
+    assert res["requests"]["cpu"] == "8" and res["limits"]["cpu"] == "8"
+    assert res["requests"]["memory"] == "16Gi"

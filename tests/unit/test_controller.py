@@ -24,6 +24,7 @@ from finetune_operator.controller import (
     JobLoop,
     Loops,
 )
+from finetune_operator.refusal import Refused
 
 NS, NAME = "ns", "j"
 PROGRESS_LINE = 'FTJOB_PROGRESS {"event":"train","step":%d,"totalSteps":10,"loss":0.5}\n'
@@ -179,6 +180,33 @@ def test_error_backoff_grows_ignores_wake_ups_and_shows_in_status() -> None:
     assert pause == controller.Pause(IDLE_REQUEUE_S, wakeable=True) and w.loop.failures == 0
     cond = {c["type"]: c for c in w.api.job["status"]["conditions"]}["ReconcileError"]
     assert cond["status"] == "False" and cond["reason"] == "Recovered"
+
+
+def test_a_pod_refused_as_invalid_fails_the_job_once_without_retry_fake_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake API (no API server in this tier): the create raises what k8s.Kube raises on a 422;
+    tests/controlplane/test_validation_cluster.py has the real server refuse a real pod."""
+    w = World()
+    refused = Refused("Pod", "j-rank-1", 422, 'Pod "j-rank-1" is invalid: spec.affinity: Invalid value')
+    creates = 0
+
+    def create(obj: dict[str, Any]) -> bool:
+        nonlocal creates
+        creates += 1
+        if obj["metadata"]["name"] == "j-rank-1":
+            raise refused
+        return True
+
+    monkeypatch.setattr(w.api, "create", create)
+    pause = w.step()
+    st = w.api.job["status"]
+    assert (st["phase"], st["reason"]) == ("Failed", "InvalidSpec")
+    assert "spec.affinity: Invalid value" in st["message"] and "Pod j-rank-1 (422)" in st["message"]
+    assert ("Warning", "InvalidSpec") in w.api.events
+    assert w.loop.failures == 0 and pause.seconds == IDLE_REQUEUE_S  # no error backoff loop
+    tried = creates
+    w.clock.advance(IDLE_REQUEUE_S)
+    w.step()
+    assert creates == tried  # a Failed job creates nothing again
 
 
 def test_an_error_while_recording_the_error_still_backs_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -245,6 +245,24 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             or all(int(v) < len(t["labels"]) for v in t["dataset"]["labelMap"].values()),
         ),
         Rule(
+            "inference-samples-classification-only",
+            "spec.task",
+            "self.type != 'question-answering' || !has(self.inferenceSamples)",
+            ".inferenceSamples",
+            "spec.task.inferenceSamples are sentences for text-classification; for question-answering give "
+            "spec.task.inferenceQuestions: [{question: ..., context: ...}]",
+            lambda t: t.get("type") != "question-answering" or not _has(t, "inferenceSamples"),
+        ),
+        Rule(
+            "inference-questions-qa-only",
+            "spec.task",
+            "self.type == 'question-answering' || !has(self.inferenceQuestions)",
+            ".inferenceQuestions",
+            "spec.task.inferenceQuestions apply to question-answering only; for this task type give "
+            "spec.task.inferenceSamples (sentences)",
+            lambda t: t.get("type") == "question-answering" or not _has(t, "inferenceQuestions"),
+        ),
+        Rule(
             "hardware-immutable",
             "spec.hardware",
             "self == oldSelf",

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from . import formats as f
+
 Schema = dict[str, Any]
 
 # The hardware profiles are the files profiles/<name>.yaml, and nothing else: adding a file adds the profile to
@@ -52,15 +54,6 @@ def _free(description: str) -> Schema:
     return {"type": "object", "description": description, "x-kubernetes-preserve-unknown-fields": True}
 
 
-def _strmap(description: str, max_props: int = 64) -> Schema:
-    return {
-        "type": "object",
-        "description": description,
-        "additionalProperties": {"type": "string", "maxLength": 1024},
-        "maxProperties": max_props,
-    }
-
-
 def _strlist(description: str, max_items: int = 256, **kw: Any) -> Schema:
     return {
         "type": "array",
@@ -71,14 +64,34 @@ def _strlist(description: str, max_items: int = 256, **kw: Any) -> Schema:
     }
 
 
-def _free_list(description: str, max_items: int = 64) -> Schema:
+def _quantities(description: str) -> Schema:
+    """Resource name -> quantity, an integer or a string as in a Pod (`cpu: 2` or `cpu: 500m`); checked by
+    podrules.py (CEL isQuantity() in the CRD)."""
     return {
-        "type": "array",
+        "type": "object",
         "description": description,
-        "maxItems": max_items,
-        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "additionalProperties": {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "maxLength": f.QUANTITY_MAX_LENGTH,  # strings only; bounds the CEL cost estimate
+        },
+        "maxProperties": 32,
     }
 
+
+TOLERATION = _o(
+    "A toleration, as in a Pod.",
+    {
+        "key": _s("Taint key (a label key); empty with operator Exists tolerates every taint.",
+                  maxLength=f.QUALIFIED_NAME_MAX),
+        "operator": _s("Equal (the default) or Exists.", enum=["Equal", "Exists"]),
+        "value": _s("Taint value (a label value); empty with operator Exists.", maxLength=f.LABEL_VALUE_MAX,
+                    pattern=f.LABEL_VALUE),
+        "effect": _s("Taint effect to tolerate; empty: all effects.",
+                     enum=["", "NoSchedule", "PreferNoSchedule", "NoExecute"]),
+        "tolerationSeconds": _i("How long a NoExecute taint is tolerated before eviction (effect NoExecute only)."),
+    },
+)
 
 HARDWARE = _o(
     "Where and how wide the job runs. Immutable after creation.",
@@ -105,18 +118,33 @@ HARDWARE = _o(
         ),
         "schedulerName": _s(
             "Scheduler for the rank pods, e.g. the Neuron scheduler extension's scheduler ('my-scheduler' in the "
-            "Neuron docs) which keeps NeuronCore IDs contiguous. Default: the cluster's default scheduler.",
-            maxLength=253,
+            "Neuron docs) which keeps NeuronCore IDs contiguous. Default: the cluster's default scheduler. A DNS "
+            "subdomain.",
+            maxLength=f.DNS_SUBDOMAIN_MAX,
+            pattern=f.DNS_SUBDOMAIN,
         ),
         "resources": _o(
             "Per-pod requests/limits that replace the derived ones (keys as in a container's resources).",
             {
-                "requests": _strmap("Resource requests, e.g. {cpu: '8', memory: 32Gi}."),
-                "limits": _strmap("Resource limits."),
+                "requests": _quantities("Resource requests, e.g. {cpu: '8', memory: 32Gi}. Derived requests "
+                                        "above a limit you set are lowered to it."),
+                "limits": _quantities("Resource limits. Device and hugepages resources (nvidia.com/gpu, "
+                                      "hugepages-2Mi) go here; their requests follow."),
             },
         ),
-        "nodeSelector": _strmap("Node labels, merged over the profile's (yours win)."),
-        "tolerations": _free_list("Tolerations, added to the profile's (e.g. aws.amazon.com/neuron)."),
+        "nodeSelector": {
+            "type": "object",
+            "description": "Node labels, merged over the profile's (yours win). Keys are label keys, values label "
+            "values.",
+            "additionalProperties": _s("Label value.", maxLength=f.LABEL_VALUE_MAX, pattern=f.LABEL_VALUE),
+            "maxProperties": 64,
+        },
+        "tolerations": {
+            "type": "array",
+            "description": "Tolerations, added to the profile's (e.g. aws.amazon.com/neuron).",
+            "maxItems": 64,
+            "items": TOLERATION,
+        },
         "affinity": _free("Pod affinity; replaces the profile's when given."),
     },
     required=["profile"],
@@ -219,7 +247,22 @@ TASK = _o(
             "Overlap between windows of long contexts (question-answering).", minimum=1, maximum=4096, default=128
         ),
         "labels": _strlist("Class names by id, e.g. [negative, positive]; saved in the model config.", 1024),
-        "inferenceSamples": _strlist("Sentences for the inference check run on the saved model.", 64),
+        "inferenceSamples": _strlist("Sentences for the inference check run on the saved model "
+                                     "(text-classification; question-answering takes inferenceQuestions).", 64),
+        "inferenceQuestions": {
+            "type": "array",
+            "description": "Questions for the inference check run on the saved model (question-answering). "
+            "Default: the first three evaluation examples with their gold answers.",
+            "maxItems": 64,
+            "items": _o(
+                "A question about a context.",
+                {
+                    "question": _s("The question.", minLength=1, maxLength=4096),
+                    "context": _s("The text that holds the answer.", minLength=1, maxLength=65536),
+                },
+                required=["question", "context"],
+            ),
+        },
     },
     required=["type", "model", "dataset"],
 )
@@ -257,7 +300,8 @@ COMPILE_CACHE = _o(
     "Shared cache for compiled graphs (Neuron NEFFs, torch.compile) and tokenized datasets, reused across ranks "
     "and jobs.",
     {
-        "claimName": _s("ReadWriteMany PersistentVolumeClaim mounted at /cache (EFS, FSx).", maxLength=253),
+        "claimName": _s("ReadWriteMany PersistentVolumeClaim mounted at /cache (EFS, FSx).",
+                        maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
         "url": _s(
             "Neuron compile cache URL (s3://bucket/prefix); used instead of /cache/neuron. Without claimName "
             "/cache is an emptyDir.",
@@ -276,7 +320,8 @@ COMPILE_CACHE = _o(
 OUTPUT = _o(
     "Where checkpoints, the final model, metrics and predictions go: a claim (and sub-path) or an S3 URL.",
     {
-        "claimName": _s("PersistentVolumeClaim mounted at /output (ReadWriteMany for multi-node).", maxLength=253),
+        "claimName": _s("PersistentVolumeClaim mounted at /output (ReadWriteMany for multi-node).",
+                        maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
         "path": _s("Directory under the claim.", maxLength=1024, pattern=r"^[^/].*$"),
         "url": _s("s3://bucket/prefix for the results. /output is then scratch space: each checkpoint is uploaded "
                   "to <url>/checkpoints/ as soon as it is saved (the newest 3 are kept) and a restarted group "
@@ -310,22 +355,84 @@ RUN_POLICY = _o(
             default="Running",
         ),
         "suspend": _b("Delete the pods and keep the job; setting it back to false recreates them.", default=False),
-        "queueName": _s("Kueue LocalQueue (sets kueue.x-k8s.io/queue-name on the pods).", maxLength=253),
+        "queueName": _s("Kueue LocalQueue (sets kueue.x-k8s.io/queue-name on the pods): a label value.",
+                        maxLength=f.LABEL_VALUE_MAX, pattern=f.LABEL_VALUE),
     },
     default={},
 )
 
-ENV_VAR = {
-    "type": "object",
-    "description": "A container environment variable (as in a Pod).",
-    "x-kubernetes-preserve-unknown-fields": True,
-    "required": ["name"],
-    "properties": {"name": _s("Variable name.", minLength=1, maxLength=256)},
-}
+def _key_ref(what: str) -> Schema:
+    return _o(
+        f"A key of a {what} in the job's namespace.",
+        {
+            "name": _s(f"{what} name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+            "key": _s("The key.", minLength=1, maxLength=f.CONFIG_KEY_MAX, pattern=f.CONFIG_KEY),
+            "optional": _b(f"Whether the {what} or its key may be missing."),
+        },
+        required=["name", "key"],
+    )
+
+
+ENV_VAR = _o(
+    "A container environment variable (as in a Pod): a value, or valueFrom with exactly one source. May not set "
+    "a variable the operator sets (the FTJOB_* contract, MASTER_ADDR, thread and profile variables).",
+    {
+        "name": _s("Variable name: printable ASCII except '='.", minLength=1, maxLength=f.ENV_NAME_MAX,
+                   pattern=f.ENV_NAME),
+        "value": _s("The value (a string: quote numbers and booleans in YAML).", maxLength=32768),
+        "valueFrom": _o(
+            "Where the value comes from (exactly one source).",
+            {
+                "fieldRef": _o(
+                    "A field of the pod (downward API).",
+                    {
+                        "apiVersion": _s("API version of fieldPath.", enum=["v1"]),
+                        "fieldPath": _s("e.g. metadata.name, status.podIP, metadata.labels['key'].",
+                                        minLength=1, maxLength=512),
+                    },
+                    required=["fieldPath"],
+                ),
+                "resourceFieldRef": _o(
+                    "A resource of the container, e.g. limits.cpu.",
+                    {
+                        "resource": _s("limits.cpu, limits.memory, limits.ephemeral-storage, requests.cpu, "
+                                       "requests.memory or requests.ephemeral-storage.", maxLength=64),
+                        "divisor": _s("Unit of the value (a positive quantity), e.g. 1Mi.",
+                                      maxLength=f.QUANTITY_MAX_LENGTH),
+                    },
+                    required=["resource"],
+                ),
+                "configMapKeyRef": _key_ref("ConfigMap"),
+                "secretKeyRef": _key_ref("Secret"),
+            },
+        ),
+    },
+    required=["name"],
+)
+
+ENV_FROM = _o(
+    "A ConfigMap or Secret whose keys become environment variables (exactly one of configMapRef, secretRef).",
+    {
+        "prefix": _s("Prepended to every key.", maxLength=f.ENV_NAME_MAX, pattern=f.ENV_NAME),
+        "configMapRef": _o(
+            "A ConfigMap in the job's namespace.",
+            {"name": _s("ConfigMap name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+             "optional": _b("Whether the ConfigMap may be missing.")},
+            required=["name"],
+        ),
+        "secretRef": _o(
+            "A Secret in the job's namespace.",
+            {"name": _s("Secret name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+             "optional": _b("Whether the Secret may be missing.")},
+            required=["name"],
+        ),
+    },
+)
 
 SECRET_KEY_REF = _o(
     "Secret key holding a Hugging Face token (exported as HF_TOKEN) for gated models and datasets.",
-    {"name": _s("Secret name.", maxLength=253), "key": _s("Key in the Secret.", maxLength=253, default="token")},
+    {"name": _s("Secret name.", maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+     "key": _s("Key in the Secret.", maxLength=f.CONFIG_KEY_MAX, pattern=f.CONFIG_KEY, default="token")},
     required=["name"],
 )
 
@@ -340,9 +447,11 @@ SPEC = _o(
             enum=list(LAUNCHERS),
         ),
         "mpi": MPI,
-        "image": _s("Container image; default per profile from the operator's configuration.", maxLength=1024),
+        "image": _s("Container image; default per profile from the operator's configuration.", maxLength=1024,
+                    pattern=f.IMAGE),
         "imagePullPolicy": _s("Image pull policy.", enum=["Always", "IfNotPresent", "Never"]),
-        "serviceAccountName": _s("Service account for the pods (e.g. one with IRSA for S3).", maxLength=253),
+        "serviceAccountName": _s("Service account for the pods (e.g. one with IRSA for S3): a DNS subdomain.",
+                                 maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
         "task": TASK,
         "command": _strlist(
             "Bring-your-own command run in every rank pod (torchrun) or by mpirun (mpi) instead of the built-in "
@@ -362,7 +471,12 @@ SPEC = _o(
             "items": ENV_VAR,
             "maxItems": 128,
         },
-        "envFrom": _free_list("ConfigMaps/Secrets whose keys become environment variables.", 32),
+        "envFrom": {
+            "type": "array",
+            "description": "ConfigMaps/Secrets whose keys become environment variables.",
+            "items": ENV_FROM,
+            "maxItems": 32,
+        },
         "hfTokenSecretRef": SECRET_KEY_REF,
         "runPolicy": RUN_POLICY,
     },
