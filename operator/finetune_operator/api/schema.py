@@ -364,7 +364,8 @@ SPEC = _o(
 CONDITION = _o(
     "A condition of the job.",
     {
-        "type": _s("Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed."),
+        "type": _s("Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed, ReconcileError, "
+                   "ForeignChildren (objects carry the job's labels but are not controlled by it)."),
         "status": _s("True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _s("One-word reason."),
         "message": _s("Human-readable detail."),
@@ -392,6 +393,22 @@ STATUS = _o(
         "observedGeneration": _i("Generation of the spec last reconciled."),
         "progress": _free("Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
                           "etaSeconds, metrics, summary."),
+        "foreignChildren": {
+            "type": "array",
+            "description": "Objects that carry this job's labels but whose controller owner reference is not this "
+            "job (e.g. left by a deleted job of the same name, or made by someone else). The operator never uses, "
+            "mounts, deletes or adopts them; while one holds the name of a child the job needs, no pods are "
+            "created. Delete them, or re-create the job under another name.",
+            "maxItems": 32,
+            "items": _o(
+                "A foreign object.",
+                {
+                    "kind": _s("Pod, Service, ConfigMap or NetworkPolicy."),
+                    "name": _s("Its name."),
+                    "controllerUid": _s("uid of its controller owner; absent when it has none."),
+                },
+            ),
+        },
         "failures": {
             "type": "array",
             "description": "Most recent rank failures (newest last).",
