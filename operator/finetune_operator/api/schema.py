@@ -225,7 +225,7 @@ TASK = _o(
 )
 
 TRAINING = _o(
-    "Hyper-parameters for the built-in task.",
+    "Hyper-parameters for the built-in task. Immutable after creation.",
     {
         "epochs": _n("Training epochs.", minimum=0, exclusiveMinimum=True, maximum=10000, default=3),
         "maxSteps": _i("Stop after this many optimizer steps (overrides epochs).", minimum=1),
@@ -255,7 +255,9 @@ TRAINING = _o(
 
 COMPILE_CACHE = _o(
     "Shared cache for compiled graphs (Neuron NEFFs, torch.compile) and tokenized datasets, reused across ranks "
-    "and jobs.",
+    "and jobs on purpose: the claim is mounted whole at /cache, so every job using it reads and writes the same "
+    "cache. Use a claim per team (or per trust boundary) when jobs must not share compiled artifacts. Immutable "
+    "after creation.",
     {
         "claimName": _s("ReadWriteMany PersistentVolumeClaim mounted at /cache (EFS, FSx).", maxLength=253),
         "url": _s(
@@ -274,10 +276,15 @@ COMPILE_CACHE = _o(
 )
 
 OUTPUT = _o(
-    "Where checkpoints, the final model, metrics and predictions go: a claim (and sub-path) or an S3 URL.",
+    "Where checkpoints, the final model, metrics and predictions go: a claim (and sub-path) or an S3 URL. "
+    "Immutable after creation.",
     {
         "claimName": _s("PersistentVolumeClaim mounted at /output (ReadWriteMany for multi-node).", maxLength=253),
-        "path": _s("Directory under the claim.", maxLength=1024, pattern=r"^[^/].*$"),
+        "path": _s("Directory under the claim. The job's pods mount only <path>/<namespace>/<job name> of the "
+                   "claim at /output (made by the kubelet when missing), so jobs sharing a claim cannot overwrite "
+                   "each other's checkpoints or models; a job re-created under the same name finds its "
+                   "predecessor's directory and resumes from its newest checkpoint. Without path: "
+                   "<namespace>/<job name>.", maxLength=1024, pattern=r"^[^/].*$"),
         "url": _s("s3://bucket/prefix to upload the results to (pods need S3 credentials, e.g. IRSA).",
                   maxLength=1024, pattern="^s3://.+"),
     },
@@ -341,7 +348,7 @@ SPEC = _o(
         "task": TASK,
         "command": _strlist(
             "Bring-your-own command run in every rank pod (torchrun) or by mpirun (mpi) instead of the built-in "
-            "task. The rank environment is injected; nothing else is assumed.",
+            "task. The rank environment is injected; nothing else is assumed. Immutable after creation.",
             256,
             minItems=1,
         ),
