@@ -175,3 +175,19 @@ def test_the_loop_makes_the_unwatched_ssh_secret_once() -> None:
     loop.wake()
     loop.step(lambda: ([], {f"Service/{name}": NEW, f"ConfigMap/{name}-config": NEW}))
     assert [o["kind"] for o in api.created].count("Secret") == 1
+
+
+def test_a_deleted_child_or_squatter_wakes_the_jobs_loop() -> None:
+    """Deleting a foreign object that blocks a child's name (or a child itself) lets the job go on at once."""
+    from finetune_operator.controller import Loops
+
+    loops = Loops()
+    loop = JobLoop("ns", "j", FakeApi(job(NEW)), {}, clock=FakeClock(), now=lambda: T0)
+    memo: Any = type("Memo", (), {"loops": loops})()
+    labels = {"finetune.dev/job-name": "j"}
+    with loops.running(loop):
+        loop.take(lambda: ([], {}))  # the first pass clears the wake-up
+        handlers._wake_on_delete(type="MODIFIED", labels=labels, namespace="ns", memo=memo)
+        assert not loop._woken.is_set()
+        handlers._wake_on_delete(type="DELETED", labels=labels, namespace="ns", memo=memo)
+        assert loop._woken.is_set()
