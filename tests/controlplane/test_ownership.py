@@ -113,11 +113,9 @@ def test_a_job_recreated_under_the_same_name_is_not_finished_by_the_old_pods(
 def test_a_planted_labelled_config_map_is_never_mounted(operator: Path, kubectl: Any, kube_api: Any,
                                                         namespace: str, kubelet: Kubelet, wait_for: Any) -> None:
     core = client.CoreV1Api(kube_api)
-    planted = {"attacker": "true"}
     core.create_namespaced_config_map(namespace, {"metadata": {
-        "name": "victim-config", "labels": {**LABELS, c.LABEL_JOB_NAME: "victim"}},
+        "name": "victim-config", "labels": {**LABELS, c.LABEL_JOB_NAME: "victim"}, "annotations": {"attacker": "1"}},
         "data": {"config.json": "{}", "hostfile": "evil.example:8\n"}})  # fmt: skip
-    core.patch_namespaced_config_map("victim-config", namespace, {"metadata": {"annotations": planted}})
     kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(make("victim")))
     st = wait_for(lambda: (s := status(kube_api, namespace, "victim")).get("foreignChildren") and s, timeout=60,
                   message="the planted ConfigMap in status")
