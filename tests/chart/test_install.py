@@ -225,6 +225,7 @@ def test_service_account_has_exactly_the_operator_permissions(kubectl: Kubectl, 
         assert not can(verb, resource, *jobs), f"can {verb} {resource}: more than the operator needs"
     assert can("list", "customresourcedefinitions.apiextensions.k8s.io")
     assert not can("create", "customresourcedefinitions.apiextensions.k8s.io")
+    assert not can("get", "customresourcedefinitions.apiextensions.k8s.io")
     namespaced = installed["mode"] == "namespaced"
     # kopf reads namespaces only when given --namespace flags (see templates/rbac.yaml).
     assert can("watch", "namespaces") is namespaced

@@ -25,7 +25,7 @@ NAMESPACED_VERBS: dict[tuple[str, str], set[str]] = {
     ("", "events"): {"create", "patch"},
 }
 CRD_READ: dict[tuple[str, str], set[str]] = {
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }
 # kopf 1.45 lists and watches namespaces only when given --namespace flags (namespaced mode); in cluster
 # mode it never reads them (kopf/_core/reactor/observation.py: namespace_observer).
