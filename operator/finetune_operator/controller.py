@@ -45,7 +45,12 @@ FOLLOWED = ("Running", "Precompiling")  # phases whose progress is read from ran
 # control-plane backoff test too.
 ERROR_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
-Children = tuple[list[dict[str, Any]], frozenset[str]]  # the job's pods, and "Kind/name" of its other children
+# The pods labelled with the job's name, and "Kind/name" -> controller uid of its other labelled objects, as the
+# watch-fed indexes hold them (reconcile tells the job's own from foreign ones).
+Children = tuple[list[dict[str, Any]], dict[str, str | None]]
+# Kinds the operator creates but does not watch (handlers.py): a loop remembers the ones it made or found to be
+# its own in `JobLoop.made`. A new loop (operator restart) creates again and reads the 409 back once.
+UNWATCHED_KINDS = ("Secret",)
 
 
 class Api(Protocol):
@@ -112,7 +117,9 @@ class JobLoop:
     - `failures`: failed passes in a row, which pick the backoff from ERROR_BACKOFF_S;
     - `followed`: for a Running/Precompiling job, the job and the status this loop last wrote (the loop is the
       only writer of the status, so that is what the API holds), for progress refreshes between passes;
-    - `progress_read_at`: clock time of the last read of rank 0's log (at most one per PROGRESS_EVERY_S).
+    - `progress_read_at`: clock time of the last read of rank 0's log (at most one per PROGRESS_EVERY_S);
+    - `made`: "Kind/name" -> job uid of the unwatched children (UNWATCHED_KINDS) this loop created or found to
+      be the job's own, so their key pairs are made once.
     `clock` is monotonic seconds and `now` the wall clock for status timestamps; tests pass fakes."""
 
     def __init__(self, namespace: str, name: str, api: Api, config: Mapping[str, Any], *,
@@ -124,6 +131,7 @@ class JobLoop:
         self.failures = 0
         self.followed: tuple[dict[str, Any], dict[str, Any]] | None = None
         self.progress_read_at: float | None = None
+        self.made: dict[str, str] = {}
         self._woken = asyncio.Event()  # set by watch events (on the event loop); binds to no loop until awaited
 
     @property
@@ -193,7 +201,7 @@ class JobLoop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._woken.wait(), timeout=pause.seconds)
 
-    def _full_pass(self, pods: list[dict[str, Any]], objects: frozenset[str]) -> None:
+    def _full_pass(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> None:
         try:
             wait = self.reconcile_once(pods, objects)
             if self.failures:
@@ -210,7 +218,7 @@ class JobLoop:
         self.next_pass = self.clock() + wait
 
     # -- the pass -------------------------------------------------------------------------------------------------
-    def reconcile_once(self, pods: list[dict[str, Any]], objects: frozenset[str]) -> float:
+    def reconcile_once(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> float:
         """One full pass. Returns seconds until the next one unless something wakes the loop earlier."""
         ns, name = self.key
         raw = self.api.get_job(ns, name)
@@ -234,7 +242,8 @@ class JobLoop:
             return IDLE_REQUEUE_S
         job["status"] = raw.get("status") or {}
         prog = self._read_progress(job, old_status) if old_status.get("phase") in FOLLOWED else None
-        plan = reconcile(job, Observed(pods, objects, now, prog, functools.partial(generate_keys, name)), self.config)
+        seen = {**objects, **self.made}
+        plan = reconcile(job, Observed(pods, seen, now, prog, functools.partial(generate_keys, name)), self.config)
         try:
             apply(self.api, job, old_status, plan)
         except Refused as e:
@@ -245,6 +254,10 @@ class JobLoop:
             TRANSITIONS.labels(phase="Failed", reason="InvalidSpec").inc()
             self.followed = None
             return IDLE_REQUEUE_S
+        # apply() returned, so every create succeeded or met a 409 on an object this job controls.
+        uid = str(job["metadata"].get("uid"))
+        made = [o for o in plan.create if o["kind"] in UNWATCHED_KINDS]
+        self.made.update({f"{o['kind']}/{o['metadata']['name']}": uid for o in made})
         RECONCILES.inc()
         following = plan.status.get("phase") in FOLLOWED and not plan.delete_job
         self.followed = (job, plan.status) if following else None

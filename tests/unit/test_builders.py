@@ -318,3 +318,27 @@ def test_a_derived_request_is_lowered_to_the_users_limit() -> None:
     res = render(job).pods[0]["spec"]["containers"][0]["resources"]
     assert res["requests"]["cpu"] == "8" and res["limits"]["cpu"] == "8"
     assert res["requests"]["memory"] == "16Gi"
+
+
+def test_each_job_mounts_only_its_own_directory_of_a_shared_output_claim() -> None:
+    def output_mount(name: str, namespace: str, path: str | None) -> tuple[str, dict[str, Any]]:
+        job = make_job(name, namespace).classification().set("spec.output", {"claimName": "results"})
+        if path:
+            job.set("spec.output.path", path)
+        ctr = render(job.build()).pods[0]["spec"]["containers"][0]
+        mount = next(m for m in ctr["volumeMounts"] if m["name"] == "output")
+        return env_of(ctr)["FTJOB_OUTPUT_DIR"], mount
+
+    out, mount = output_mount("a", "team-1", "bert/run/")
+    assert out == mount["mountPath"] == "/output" and mount["subPath"] == "bert/run/team-1/a"
+    # Same claim and path: another job, or the same name in another namespace, gets another directory.
+    assert output_mount("b", "team-1", "bert/run")[1]["subPath"] == "bert/run/team-1/b"
+    assert output_mount("a", "team-2", "bert/run")[1]["subPath"] == "bert/run/team-2/a"
+    assert output_mount("a", "team-1", None)[1]["subPath"] == "team-1/a"
+
+
+def test_the_compile_cache_claim_is_shared_whole_on_purpose() -> None:
+    job = make_job("a", "ns").classification().cache(claimName="finetune-cache").build()
+    ctr = render(job).pods[0]["spec"]["containers"][0]
+    mount = next(m for m in ctr["volumeMounts"] if m["name"] == "cache")
+    assert mount == {"name": "cache", "mountPath": "/cache"}  # jobs reuse each other's compiled graphs

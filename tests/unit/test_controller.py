@@ -106,8 +106,8 @@ class World:
         self.loop = JobLoop(NS, NAME, self.api, {}, clock=self.clock, now=lambda: datetime(2026, 12, 2, 10))
 
     def children(self) -> Children:
-        return list(self.pods), frozenset(f"{o['kind']}/{o['metadata']['name']}" for o in self.api.created
-                                          if o["kind"] != "Pod")  # fmt: skip
+        return list(self.pods), {f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["ownerReferences"][0]["uid"]
+                                 for o in self.api.created if o["kind"] != "Pod"}  # fmt: skip
 
     def step(self) -> controller.Pause:
         return self.loop.step(self.children)

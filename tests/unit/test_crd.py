@@ -51,9 +51,10 @@ def test_every_rule_has_its_cel_twin_in_the_crd() -> None:
         assert rule.cel in rules, rule.id
 
 
-def test_transition_rules_make_hardware_task_launcher_immutable() -> None:
+def test_transition_rules_make_the_spec_blocks_immutable() -> None:
     ids = {r.id for r in all_rules() if r.transition}
-    assert ids == {"hardware-immutable", "task-immutable", "launcher-immutable", "mpi-immutable"}
+    blocks = ("hardware", "task", "launcher", "mpi", "training", "output", "compileCache", "command")
+    assert ids == {f"{b}-immutable" for b in blocks}
 
 
 def test_api_reference_is_generated() -> None:

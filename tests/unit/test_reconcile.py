@@ -24,13 +24,13 @@ class World:
         self.job["metadata"].setdefault("uid", "uid-1")
         self.job["status"] = {}
         self.pods: dict[str, dict[str, Any]] = {}
-        self.objects: set[str] = set()
+        self.objects: dict[str, str | None] = {}  # Kind/name -> controller uid, as the indexes hold them
         self.now = T0
         self.deleted_job = False
 
     def step(self, progress: dict[str, Any] | None = None, seconds: float = 1) -> Plan:
         self.now += timedelta(seconds=seconds)
-        plan = reconcile(self.job, Observed(list(copy.deepcopy(self.pods).values()), frozenset(self.objects),
+        plan = reconcile(self.job, Observed(list(copy.deepcopy(self.pods).values()), dict(self.objects),
                                             self.now, progress, lambda: KEYS))
         for name in plan.delete_pods:
             self.pods[name]["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
@@ -39,7 +39,7 @@ class World:
                 assert obj["metadata"]["name"] not in self.pods, "created a pod whose name is taken"
                 self.pods[obj["metadata"]["name"]] = copy.deepcopy(obj) | {"status": {"phase": "Pending"}}
             else:
-                self.objects.add(f"{obj['kind']}/{obj['metadata']['name']}")
+                self.objects[f"{obj['kind']}/{obj['metadata']['name']}"] = obj["metadata"]["ownerReferences"][0]["uid"]
         self.job["status"] = plan.status
         self.deleted_job = plan.delete_job
         return plan
@@ -290,7 +290,7 @@ def test_own_deletions_are_not_failures() -> None:
 
 def test_network_policy_created_with_the_other_objects_when_configured() -> None:
     w = World(job2())
-    plan = reconcile(w.job, Observed([], frozenset(), T0, None, lambda: KEYS), {"networkPolicy": {"enabled": True}})
+    plan = reconcile(w.job, Observed([], {}, T0, None, lambda: KEYS), {"networkPolicy": {"enabled": True}})
     assert "NetworkPolicy" in {o["kind"] for o in plan.create}
-    plan = reconcile(w.job, Observed([], frozenset(), T0, None, lambda: KEYS), {})
+    plan = reconcile(w.job, Observed([], {}, T0, None, lambda: KEYS), {})
     assert "NetworkPolicy" not in {o["kind"] for o in plan.create}

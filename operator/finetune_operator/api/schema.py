@@ -268,7 +268,7 @@ TASK = _o(
 )
 
 TRAINING = _o(
-    "Hyper-parameters for the built-in task.",
+    "Hyper-parameters for the built-in task. Immutable after creation.",
     {
         "epochs": _n("Training epochs.", minimum=0, exclusiveMinimum=True, maximum=10000, default=3),
         "maxSteps": _i("Stop after this many optimizer steps (overrides epochs).", minimum=1),
@@ -298,7 +298,9 @@ TRAINING = _o(
 
 COMPILE_CACHE = _o(
     "Shared cache for compiled graphs (Neuron NEFFs, torch.compile) and tokenized datasets, reused across ranks "
-    "and jobs.",
+    "and jobs on purpose: the claim is mounted whole at /cache, so every job using it reads and writes the same "
+    "cache. Use a claim per team (or per trust boundary) when jobs must not share compiled artifacts. Immutable "
+    "after creation.",
     {
         "claimName": _s("ReadWriteMany PersistentVolumeClaim mounted at /cache (EFS, FSx).",
                         maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
@@ -318,11 +320,16 @@ COMPILE_CACHE = _o(
 )
 
 OUTPUT = _o(
-    "Where checkpoints, the final model, metrics and predictions go: a claim (and sub-path) or an S3 URL.",
+    "Where checkpoints, the final model, metrics and predictions go: a claim (and sub-path) or an S3 URL. "
+    "Immutable after creation.",
     {
         "claimName": _s("PersistentVolumeClaim mounted at /output (ReadWriteMany for multi-node).",
                         maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
-        "path": _s("Directory under the claim.", maxLength=1024, pattern=r"^[^/].*$"),
+        "path": _s("Directory under the claim. The job's pods mount only <path>/<namespace>/<job name> of the "
+                   "claim at /output (made by the kubelet when missing), so jobs sharing a claim cannot overwrite "
+                   "each other's checkpoints or models; a job re-created under the same name finds its "
+                   "predecessor's directory and resumes from its newest checkpoint. Without path: "
+                   "<namespace>/<job name>.", maxLength=1024, pattern=r"^[^/].*$"),
         "url": _s("s3://bucket/prefix for the results. /output is then scratch space: each checkpoint is uploaded "
                   "to <url>/checkpoints/ as soon as it is saved (the newest 3 are kept) and a restarted group "
                   "resumes from the newest complete one there; the final model/, metrics.json and "
@@ -458,7 +465,7 @@ SPEC = _o(
             "task. The rank environment is injected; nothing else is assumed. torchrun pods get PET_NNODES, "
             "PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT (torchrun's defaults, as "
             "Kubeflow's PyTorchJob sets them), so [torchrun, train.py] forms one world across the pods. "
-            "`ftjob run` runs it locally the same way.",
+            "`ftjob run` runs it locally the same way. Immutable after creation.",
             256,
             minItems=1,
         ),
@@ -486,7 +493,8 @@ SPEC = _o(
 CONDITION = _o(
     "A condition of the job.",
     {
-        "type": _s("Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed."),
+        "type": _s("Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed, ReconcileError, "
+                   "ForeignChildren (objects carry the job's labels but are not controlled by it)."),
         "status": _s("True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _s("One-word reason."),
         "message": _s("Human-readable detail."),
@@ -514,6 +522,22 @@ STATUS = _o(
         "observedGeneration": _i("Generation of the spec last reconciled."),
         "progress": _free("Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
                           "etaSeconds, metrics, summary."),
+        "foreignChildren": {
+            "type": "array",
+            "description": "Objects that carry this job's labels but whose controller owner reference is not this "
+            "job (e.g. left by a deleted job of the same name, or made by someone else). The operator never uses, "
+            "mounts, deletes or adopts them; while one holds the name of a child the job needs, no pods are "
+            "created. Delete them, or re-create the job under another name.",
+            "maxItems": 32,
+            "items": _o(
+                "A foreign object.",
+                {
+                    "kind": _s("Pod, Service, ConfigMap or NetworkPolicy."),
+                    "name": _s("Its name."),
+                    "controllerUid": _s("uid of its controller owner; absent when it has none."),
+                },
+            ),
+        },
         "failures": {
             "type": "array",
             "description": "Most recent rank failures (newest last).",

@@ -12,10 +12,10 @@ from typing import Any
 
 from .layout import Layout, resolve
 from .names import Names
-from .objects import SshKeys, config_map, network_policy, service, ssh_secret
+from .objects import SshKeys, config_map, network_policy, owner_reference, service, ssh_secret
 from .pods import mpi_pods, torchrun_pods
 
-__all__ = ["Children", "Layout", "Names", "SshKeys", "desired", "image_for", "resolve"]
+__all__ = ["Children", "Layout", "Names", "SshKeys", "desired", "image_for", "owner_reference", "resolve"]
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
             "FTJOB_MASTER_ADDR": names.master_addr,
             "FTJOB_MASTER_PORT": str(c.MASTER_PORT),
             "FTJOB_CACHE_DIR": c.CACHE_DIR,
-            "FTJOB_OUTPUT_DIR": f"{c.OUTPUT_DIR}/{output['path']}" if output.get("path") else c.OUTPUT_DIR,
+            "FTJOB_OUTPUT_DIR": c.OUTPUT_DIR,  # the job's own directory of the claim (names.output_sub_path)
             "FTJOB_PRECOMPILE_STEPS": str(cache.get("precompileSteps", 16)),
             "HF_HOME": f"{c.CACHE_DIR}/hf",
             "HOME": c.HOME_DIR,

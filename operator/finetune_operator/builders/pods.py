@@ -33,15 +33,18 @@ def _volumes(job: dict[str, Any], layout: Layout, names: Names, role: str) -> tu
     ]
     if role != c.ROLE_LAUNCHER:
         if cache.get("claimName"):
+            # Whole claim, on purpose: a compile cache is shared across jobs (api/schema.py COMPILE_CACHE).
             vols.append({"name": "cache", "persistentVolumeClaim": {"claimName": cache["claimName"]}})
         else:
             vols.append({"name": "cache", "emptyDir": {}})
         mounts.append({"name": "cache", "mountPath": c.CACHE_DIR})
         if output.get("claimName"):
             vols.append({"name": "output", "persistentVolumeClaim": {"claimName": output["claimName"]}})
+            sub = names.output_sub_path(output.get("path"))  # this job's directory only (the kubelet makes it)
+            mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR, "subPath": sub})
         else:  # output.url: a scratch directory the runtime uploads from
             vols.append({"name": "output", "emptyDir": {}})
-        mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR})
+            mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR})
     if layout.launcher == "mpi":
         keys = c.SSH_LAUNCHER_KEYS if role == c.ROLE_LAUNCHER else c.SSH_WORKER_KEYS
         vols.append({"name": "ssh", "secret": {"secretName": names.ssh_secret, "defaultMode": 0o400,
