@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TEXT_CLASSIFICATION = "text-classification"
-QUESTION_ANSWERING = "question-answering"
-TASK_TYPES = (TEXT_CLASSIFICATION, QUESTION_ANSWERING)
+from finetune_runtime.tasks import task_types
+
+# The task types are the plugin modules under finetune_runtime/tasks/ (one module per type).
+TASK_TYPES = task_types()
 # datasets' packaged builders that task.dataset.dataFiles can name (task.dataset.format).
 DATA_FILE_FORMATS = ("json", "csv", "parquet")
 
@@ -42,6 +43,8 @@ class DatasetConfig:
     question_column: str = "question"
     context_column: str = "context"
     answers_column: str = "answers"
+    # task.dataset as given: task plugins read their own columns from it (e.g. causal-lm's messagesColumn)
+    raw: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DatasetConfig:
@@ -76,6 +79,7 @@ class DatasetConfig:
             question_column=d.get("questionColumn") or "question",
             context_column=d.get("contextColumn") or "context",
             answers_column=d.get("answersColumn") or "answers",
+            raw=dict(d),
         )
 
 
@@ -89,6 +93,8 @@ class TaskConfig:
     doc_stride: int = 128
     labels: list[str] | None = None
     inference_samples: list[Any] | None = None
+    # task as given: task plugins parse their own options from it (e.g. causal-lm's lora)
+    raw: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tokenizer_name(self) -> str:
@@ -112,6 +118,7 @@ class TaskConfig:
             labels=list(d["labels"]) if d.get("labels") else None,
             inference_samples=list(d["inferenceSamples"]) if d.get("inferenceSamples") else None,
             dataset=DatasetConfig.from_dict(d["dataset"]),
+            raw=dict(d),
         )
 
 
