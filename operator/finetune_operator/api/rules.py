@@ -245,6 +245,15 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             or all(int(v) < len(t["labels"]) for v in t["dataset"]["labelMap"].values()),
         ),
         Rule(
+            "lora-needs-causal-lm",
+            "spec.task",
+            "!has(self.lora) || self.type == 'causal-lm'",
+            ".lora",
+            "spec.task.lora trains adapters of a decoder language model: set spec.task.type to causal-lm, or "
+            "remove lora",
+            lambda t: not _has(t, "lora") or t.get("type") == "causal-lm",
+        ),
+        Rule(
             "hardware-immutable",
             "spec.hardware",
             "self == oldSelf",
