@@ -2,16 +2,19 @@
 CHART_DIR := charts/finetune-operator
 CRD_COPIES := $(CHART_DIR)/crds/finetunejobs.yaml manifests/crd/finetunejobs.yaml
 
-.PHONY: generate generate-crds generate-profile-lists test-chart test-chart-install chart-lint
+.PHONY: generate generate-crds generate-api-docs generate-profile-lists test-chart test-chart-install chart-lint
 
 # Other areas may add their own generators as prerequisites of `generate`.
-generate: generate-crds generate-profile-lists ## Regenerate every generated file
+generate: generate-crds generate-profile-lists generate-api-docs ## Regenerate every generated file
 
 generate-crds: setup ## Copy `ftjob crd` into the chart's crds/ and manifests/crd/
 	@mkdir -p $(dir $(CRD_COPIES))
 	$(VENV)/bin/ftjob crd > $(CHART_DIR)/crds/.finetunejobs.yaml.new
 	@for f in $(CRD_COPIES); do cp $(CHART_DIR)/crds/.finetunejobs.yaml.new $$f; done
 	@rm -f $(CHART_DIR)/crds/.finetunejobs.yaml.new
+
+generate-api-docs: setup ## Write docs/api.md from the schema (`ftjob api-docs`)
+	$(VENV)/bin/ftjob api-docs > docs/api.md.new && mv docs/api.md.new docs/api.md
 
 generate-profile-lists: setup ## Write the profile list (profiles/*.yaml) into the chart's values.schema.json
 	$(PY) hack/profile_lists.py
