@@ -254,7 +254,9 @@ class CausalLM:
                 text = tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
             else:
                 text = conv[-1]["content"] + "\n"
-            ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")
+            enc = tokenizer(text, add_special_tokens=False, return_tensors="pt")
+            # Decoders take no token_type_ids, which some tokenizers (4.x fast tokenizers) still return.
+            ids = {k: enc[k] for k in ("input_ids", "attention_mask") if k in enc}
             with torch.no_grad():
                 gen = model.generate(**ids, max_new_tokens=GENERATION_TOKENS, do_sample=False,
                                      eos_token_id=tokenizer.eos_token_id,
