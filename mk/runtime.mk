@@ -50,17 +50,20 @@ $(TF457_VENV)/.stamp: $(UV) runtime/pyproject.toml operator/pyproject.toml
 	VIRTUAL_ENV=$(TF457_VENV) $(UV) pip install -e operator -e runtime "transformers==4.57.*" "pytest>=9" pytest-timeout hypothesis
 	touch $@
 
-test-runtime-tf457: $(TF457_VENV)/.stamp runtime-deps impi versitygw ## Runtime units + QA/demo trainings under transformers 4.57
+test-runtime-tf457: $(TF457_VENV)/.stamp runtime-deps impi versitygw ## Runtime units + QA/demo/causal-lm LoRA trainings under transformers 4.57
 	$(TF457_VENV)/bin/python -m pytest -q tests/runtime -m "not slow or tf457"
 
-runtime-vocab: setup ## Rebuild the tiny models' vocab.txt (and vocab_size) from the sample data
+runtime-vocab: setup ## Rebuild the tiny models' tokenizers (vocab.txt / tokenizer.json, vocab_size) from the sample data
 	$(VENV)/bin/ftjob-runtime build-vocab --lang ja --input examples/data/ja-reviews/train.jsonl \
 	  examples/data/ja-reviews/validation.jsonl --field review_body --vocab-size 3000 --output examples/models/tiny-bert-ja
 	$(VENV)/bin/ftjob-runtime build-vocab --lang en --input examples/data/squad-mini/train.json \
 	  examples/data/squad-mini/validation.json --vocab-size 3000 --output examples/models/tiny-distilbert-en
+	$(VENV)/bin/ftjob-runtime build-vocab --lang en --kind bpe --input examples/data/instruct-mini/train.jsonl \
+	  examples/data/instruct-mini/validation.jsonl --field messages --vocab-size 600 --output examples/models/tiny-llama
 
-runtime-samples: ## Regenerate the sample data we wrote (ja-reviews, squad-mini) from their scripts
+runtime-samples: ## Regenerate the sample data we wrote (ja-reviews, squad-mini, instruct-mini) from their scripts
 	python3 examples/data/ja-reviews/compose_reviews.py
 	python3 examples/data/squad-mini/compose_squad.py
+	python3 examples/data/instruct-mini/compose_instruct.py
 
 TEST_TIERS += test-runtime test-runtime-tf457

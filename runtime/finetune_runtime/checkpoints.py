@@ -15,8 +15,9 @@ from pathlib import Path
 COMPLETE_MARKER = "FTJOB_COMPLETE"
 TRAINER_STATE = "trainer_state.json"
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+# A checkpoint's weights: the full model's, or a peft adapter's (causal-lm with task.lora saves only those).
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
-            "pytorch_model.bin.index.json")
+            "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
 def checkpoint_step(path: Path) -> int | None:

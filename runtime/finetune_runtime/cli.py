@@ -82,19 +82,32 @@ def cmd_selfcheck(_: argparse.Namespace) -> int:
 
 
 def cmd_build_vocab(ns: argparse.Namespace) -> int:
-    from finetune_runtime.vocab import build_vocab, texts_from_files, write_vocab
+    from finetune_runtime.vocab import BPE_SPECIAL_TOKENS, build_bpe, build_vocab, texts_from_files, write_vocab
 
     files = [Path(f) for f in ns.input]
-    tokens = build_vocab(list(texts_from_files(files, ns.field)), ns.lang, ns.vocab_size)
+    texts = list(texts_from_files(files, ns.field))
     out = Path(ns.output)
-    write_vocab(tokens, out / "vocab.txt")
+    ids: dict[str, int] = {}
+    if ns.kind == "bpe":
+        tok = build_bpe(texts, ns.vocab_size)
+        target = out / "tokenizer.json"
+        tok.save(str(target))
+        size = tok.get_vocab_size()
+        ids = {"pad_token_id": tok.token_to_id("<pad>"), "bos_token_id": tok.token_to_id("<s>"),
+               "eos_token_id": tok.token_to_id("<|end|>")}
+        assert list(ids.values()) == [BPE_SPECIAL_TOKENS.index(t) for t in ("<pad>", "<s>", "<|end|>")]
+    else:
+        tokens = build_vocab(texts, ns.lang, ns.vocab_size)
+        target = out / "vocab.txt"
+        write_vocab(tokens, target)
+        size = len(tokens)
     cfg = out / "config.json"
     if cfg.exists():
         # Keep the model's embedding table exactly as large as the vocabulary it was built for.
         doc = json.loads(cfg.read_text(encoding="utf-8"))
-        doc["vocab_size"] = len(tokens)
+        doc.update({"vocab_size": size, **ids})
         cfg.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"wrote {len(tokens)} tokens to {out / 'vocab.txt'}")
+    print(f"wrote {size} tokens to {target}")
     return 0
 
 
@@ -117,12 +130,16 @@ def parser() -> argparse.ArgumentParser:
     wp.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
     wp.set_defaults(fn=cmd_wait_for)
     sub.add_parser("selfcheck", help="image smoke test").set_defaults(fn=cmd_selfcheck)
-    bp = sub.add_parser("build-vocab", help="train a WordPiece vocab.txt on sample text")
+    bp = sub.add_parser("build-vocab", help="train a tokenizer on sample text (WordPiece vocab.txt or BPE)")
     bp.add_argument("--lang", choices=["ja", "en"], required=True)
+    bp.add_argument("--kind", choices=["wordpiece", "bpe"], default="wordpiece",
+                    help="wordpiece: vocab.txt for BERT tokenizers; bpe: byte-level tokenizer.json (decoders)")
     bp.add_argument("--input", nargs="+", required=True, help="jsonl or SQuAD json files")
-    bp.add_argument("--field", nargs="*", default=["review_body", "text"], help="jsonl text fields")
+    bp.add_argument("--field", nargs="*", default=["review_body", "text"],
+                    help="jsonl text fields (a list of chat messages contributes each content)")
     bp.add_argument("--vocab-size", type=int, default=4000)
-    bp.add_argument("--output", required=True, help="model directory (vocab.txt; config.json vocab_size)")
+    bp.add_argument("--output", required=True,
+                    help="model directory (vocab.txt or tokenizer.json; config.json vocab_size, token ids)")
     bp.set_defaults(fn=cmd_build_vocab)
     return p
 

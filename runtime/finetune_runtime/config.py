@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-TEXT_CLASSIFICATION = "text-classification"
-QUESTION_ANSWERING = "question-answering"
-TASK_TYPES = (TEXT_CLASSIFICATION, QUESTION_ANSWERING)
+from finetune_runtime.tasks import task_types
+
+# The task types are the plugin modules under finetune_runtime/tasks/ (one module per type).
+TASK_TYPES = task_types()
 # datasets' packaged builders that task.dataset.dataFiles can name (task.dataset.format).
 DATA_FILE_FORMATS = ("json", "csv", "parquet")
 
@@ -42,6 +43,8 @@ class DatasetConfig:
     question_column: str = "question"
     context_column: str = "context"
     answers_column: str = "answers"
+    # task.dataset as given: task plugins read their own columns from it (e.g. causal-lm's messagesColumn)
+    raw: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DatasetConfig:
@@ -76,6 +79,7 @@ class DatasetConfig:
             question_column=d.get("questionColumn") or "question",
             context_column=d.get("contextColumn") or "context",
             answers_column=d.get("answersColumn") or "answers",
+            raw=dict(d),
         )
 
 
@@ -88,8 +92,10 @@ class TaskConfig:
     max_length: int = 128
     doc_stride: int = 128
     labels: list[str] | None = None
-    inference_samples: list[str] | None = None  # text-classification: sentences
+    inference_samples: list[str] | None = None  # text-classification: sentences; causal-lm: prompts
     inference_questions: list[dict[str, str]] | None = None  # question-answering: {question, context}
+    # task as given: task plugins parse their own options from it (e.g. causal-lm's lora)
+    raw: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tokenizer_name(self) -> str:
@@ -115,13 +121,14 @@ class TaskConfig:
             inference_samples=samples,
             inference_questions=questions,
             dataset=DatasetConfig.from_dict(d["dataset"]),
+            raw=dict(d),
         )
 
 
 def _inference(ttype: str, d: dict[str, Any]) -> tuple[list[str] | None, list[dict[str, str]] | None]:
     """The inference check's inputs, checked before training so a wrong shape never fails a finished run."""
     samples, questions = d.get("inferenceSamples") or None, d.get("inferenceQuestions") or None
-    if ttype == QUESTION_ANSWERING:
+    if ttype == "question-answering":  # the one task whose inference inputs are objects
         if samples:
             raise ConfigError("task.inferenceSamples are sentences for text-classification; for "
                               "question-answering give task.inferenceQuestions: [{question: ..., context: ...}]")

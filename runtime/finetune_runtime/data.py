@@ -1,5 +1,5 @@
-"""Datasets: load (hub name, data files per split, local file or directory), select/map labels, sample,
-tokenise, cache.
+"""Datasets, the part every task shares: load (hub name, data files per split, local file or directory),
+split, sample, cache. Selecting columns and tokenising is each task plugin's (finetune_runtime/tasks/).
 
 The tokenised dataset is written once under `$FTJOB_CACHE_DIR/datasets/<key>` (key = dataset + tokenizer +
 lengths + options) by global rank 0 while the other ranks wait at a barrier; they, and later runs, load it.
@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_runtime.config import QUESTION_ANSWERING, ConfigError, DatasetConfig, TaskConfig
+from finetune_runtime.config import ConfigError, DatasetConfig, TaskConfig
 
 log = logging.getLogger(__name__)
 
 # Bump when the tokenised layout changes so old cache entries are not reused.
-CACHE_FORMAT_VERSION = 2
+CACHE_FORMAT_VERSION = 3
 _LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 # Compression suffixes datasets decompresses by itself (the operator's schema lists the same ones).
 _COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
@@ -141,54 +141,7 @@ def load_raw(ds: DatasetConfig, cache_dir: str | None = None) -> Any:
     return datasets.load_dataset(ds.name, ds.config, cache_dir=cache_dir)
 
 
-# --- labels -----------------------------------------------------------------------------------------------
-
-def map_label(value: Any, label_map: dict[str, int] | None, names: list[str] | None) -> int | None:
-    """Label id for a raw label value, or None when the row must be dropped.
-
-    With a labelMap, its string keys decide (unlisted values, e.g. 3 stars, are dropped). Without one, ints
-    are ids already and strings are looked up in `labels` (the label names)."""
-    if value is None:
-        return None
-    if label_map is not None:
-        key = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-        return label_map.get(key)
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        if names and value in names:
-            return names.index(value)
-        if value.strip().lstrip("-").isdigit():
-            return int(value)
-    return None
-
-
-def label_names(task: TaskConfig) -> list[str]:
-    """Names for the model's id2label: `labels` if given, else derived from the labelMap ids."""
-    if task.labels:
-        return list(task.labels)
-    lm = task.dataset.label_map
-    if lm:
-        return [f"LABEL_{i}" for i in range(max(lm.values()) + 1)]
-    raise ValueError("text-classification needs task.labels or task.dataset.labelMap to know the label set")
-
-
-def select_classification(dsplit: Any, ds: DatasetConfig, names: list[str]) -> Any:
-    """Keep text (+pair) and an integer `labels` column; drop rows whose label does not map."""
-    for col in (ds.text_column, ds.label_column, ds.text_pair_column):
-        if col and col not in dsplit.column_names:
-            raise KeyError(f"column {col!r} not in dataset (has {dsplit.column_names})")
-
-    def _map(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        return {"labels": [map_label(v, ds.label_map, names) for v in batch[ds.label_column]]}
-
-    out = dsplit.map(_map, batched=True)
-    out = out.filter(lambda b: [x is not None and 0 <= x < len(names) for x in b["labels"]], batched=True)
-    keep = [c for c in (ds.text_column, ds.text_pair_column, "labels") if c]
-    return out.remove_columns([c for c in out.column_names if c not in keep])
-
+# --- splits and sampling ---------------------------------------------------------------------------------
 
 def sample(dsplit: Any, n: int | None, seed: int) -> Any:
     """Seeded sample of n rows (all rows, shuffled, when n is None or larger than the split)."""
@@ -218,8 +171,8 @@ class CacheKeyInputs:
     tokenizer: str
     tokenizer_fingerprint: str
     max_length: int
-    doc_stride: int
-    labels: list[str] | None
+    # the task plugin's options that change the tokens (TaskPlugin.cache_inputs)
+    task_options: dict[str, Any]
     seed: int
     version: int = CACHE_FORMAT_VERSION
 
@@ -266,6 +219,8 @@ def cache_key(inputs: CacheKeyInputs) -> str:
 
 
 def key_inputs(task: TaskConfig, seed: int) -> CacheKeyInputs:
+    from finetune_runtime import tasks
+
     ds = task.dataset
     tok = task.tokenizer_name
     return CacheKeyInputs(
@@ -275,8 +230,7 @@ def key_inputs(task: TaskConfig, seed: int) -> CacheKeyInputs:
         tokenizer=tok,
         tokenizer_fingerprint=path_fingerprint(tok) if Path(tok).is_dir() else "",
         max_length=task.max_length,
-        doc_stride=task.doc_stride if task.type == QUESTION_ANSWERING else 0,
-        labels=task.labels,
+        task_options=tasks.get(task.type).cache_inputs(task),
         seed=seed,
     )
 

@@ -86,6 +86,31 @@ def test_demo_job_trains_two_ranks_with_torchrun(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_causal_lm_lora_job_trains_two_ranks_and_saves_a_working_adapter(tmp_path: Path) -> None:
+    """examples/jobs/instruct-mini-lora.yaml: the tiny Llama with LoRA on 2 torchrun ranks prints metrics and
+    generations, and its adapter loads with peft and generates."""
+    import torch
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    r, metrics = _run_example("instruct-mini-lora.yaml", tmp_path / "w", "instruct-mini")
+    assert metrics["worldSize"] == 2 and metrics["task"] == "causal-lm"
+    assert {"loss", "perplexity"} <= set(metrics["eval"]) and metrics["eval"]["perplexity"] < 30
+    assert "perplexity=" in r.stdout and '"generation"' in r.stdout
+    out = tmp_path / "w" / "output" / "instruct-mini"
+    tok = AutoTokenizer.from_pretrained(str(out / "model"))
+    model = AutoPeftModelForCausalLM.from_pretrained(str(out / "model")).eval()
+    text = tok.apply_chat_template([{"role": "user", "content": "What is the opposite of early?"}],
+                                   tokenize=False, add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=False, return_tensors="pt")
+    with torch.no_grad():
+        gen = model.generate(**ids, max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id)
+    answer = tok.decode(gen[0][ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert answer.strip(), "the adapter generated nothing"
+    assert (out / "model-merged" / "model.safetensors").exists()  # task.lora.merge
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", MPI_IMPLEMENTATIONS)
 def test_squad_job_trains_two_ranks_over_mpi(tmp_path: Path, impl: str, request: pytest.FixtureRequest) -> None:
     """The SQuAD-format sample with each `mpi.implementation` (Intel MPI: Hydra with `-bootstrap ssh`, the

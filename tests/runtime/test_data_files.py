@@ -15,6 +15,7 @@ from conftest import HUB_DATASET, ROOT, run_runtime, runtime_env, sample_config,
 
 from finetune_runtime import data
 from finetune_runtime.config import ConfigError, DatasetConfig, JobConfig, TaskConfig
+from finetune_runtime.tasks import text_classification
 
 JA_SAMPLES = sorted(p.stem for p in (ROOT / "manifests" / "samples").glob("*bert-ja*.yaml"))
 TRAIN_ROWS, ROWS_PER_LABEL = 320, 64  # examples/data/ja-reviews/train.jsonl: 64 reviews per star rating
@@ -58,10 +59,10 @@ def test_sample_recipe_through_data_files(sample: str, hub: Path, tmp_path: Path
     assert ds.data_files is not None and ds.name is None and data.data_files_format(ds) == "json"
     raw = data.load_raw(ds, cache_dir=str(tmp_path / "hf"))
     assert sorted(raw) == ["train", "validation"] and len(raw["train"]) == TRAIN_ROWS
-    names = data.label_names(task)
+    names = text_classification.label_names(task)
     seed = 42
     train, ev = data.train_eval_splits(raw, ds, seed)
-    mapped = data.select_classification(train, ds, names)
+    mapped = text_classification.select_classification(train, ds, names)
     three_stars = {t for t, lab in zip(train["text"], train["label"], strict=True) if lab == 2}
     assert len(mapped) == TRAIN_ROWS - ROWS_PER_LABEL and not three_stars & set(mapped["text"])
     assert Counter(mapped["labels"]) == {0: 2 * ROWS_PER_LABEL, 1: 2 * ROWS_PER_LABEL}
@@ -74,7 +75,7 @@ def test_sample_recipe_through_data_files(sample: str, hub: Path, tmp_path: Path
     assert picked["text"] == data.sample(mapped, n, seed)["text"], "the shuffle is seeded"
     # With the sample's own trainSamples / evalSamples.
     assert set(data.sample(mapped, ds.train_samples, seed)["labels"]) == {0, 1}
-    ev_rows = data.sample(data.select_classification(ev, ds, names), ds.eval_samples, seed)
+    ev_rows = data.sample(text_classification.select_classification(ev, ds, names), ds.eval_samples, seed)
     assert set(ev_rows["labels"]) == {0, 1} and len(ev_rows) <= (ds.eval_samples or len(ev_rows))
 
 

@@ -115,3 +115,50 @@ def test_selfcheck_reports_versions_and_mecab() -> None:
     bad = subprocess.run([sys.executable, "-m", "finetune_runtime", "selfcheck"], capture_output=True, text=True,
                          check=False, env={**__import__("os").environ, "FTJOB_BACKEND": "neuron"})
     assert bad.returncode == 1 and "finetune-operator/neuron" in json.loads(bad.stdout)["backend"]["error"]
+
+
+INSTRUCT = EXAMPLES / "data" / "instruct-mini"
+
+
+def test_instruct_files_match_their_generator() -> None:
+    mod = _module(INSTRUCT / "compose_instruct.py")
+    train, val = mod.split(mod.examples())
+    assert mod.render(train) == (INSTRUCT / "train.jsonl").read_text(encoding="utf-8")
+    assert mod.render(val) == (INSTRUCT / "validation.jsonl").read_text(encoding="utf-8")
+    users = [json.dumps(r["messages"]) for r in train]
+    assert len(set(users)) == len(users) and not {json.dumps(r["messages"]) for r in val} & set(users)
+    for r in train + val:
+        roles = [m["role"] for m in r["messages"]]
+        assert roles[-1] == "assistant" and "user" in roles
+
+
+def test_tiny_llama_tokenizer_has_the_chat_template_and_covers_the_data() -> None:
+    from finetune_runtime.tokenization import load_tokenizer
+
+    tok = load_tokenizer(str(EXAMPLES / "models" / "tiny-llama"))
+    cfg = json.loads((EXAMPLES / "models" / "tiny-llama" / "config.json").read_text())
+    assert cfg["vocab_size"] == len(tok) and cfg["model_type"] == "llama"
+    assert (cfg["pad_token_id"], cfg["bos_token_id"], cfg["eos_token_id"]) == \
+        (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+    assert tok.eos_token == "<|end|>" and tok.chat_template
+    text = tok.apply_chat_template([{"role": "user", "content": "What is the plural of cat?"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == "<s><|user|>\nWhat is the plural of cat?<|end|>\n<|assistant|>\n"
+    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text  # byte-level: lossless
+    assert not list((EXAMPLES / "models" / "tiny-llama").glob("*.safetensors")), "no weights are committed"
+
+
+def test_build_vocab_bpe_command(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "config.json").write_text('{"vocab_size": 0}')
+    p = subprocess.run([sys.executable, "-m", "finetune_runtime", "build-vocab", "--lang", "en", "--kind", "bpe",
+                        "--input", str(INSTRUCT / "validation.jsonl"), "--field", "messages", "--vocab-size", "400",
+                        "--output", str(out)], capture_output=True, text=True, check=False)
+    assert p.returncode == 0, p.stderr
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg == {"vocab_size": tok.get_vocab_size(), "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    assert tok.decode(tok.encode("The opposite of hot is cold.").ids) == "The opposite of hot is cold."

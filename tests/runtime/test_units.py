@@ -16,6 +16,7 @@ from finetune_runtime import checkpoints, data, distenv, launcher, progress, squ
 from finetune_runtime.backends import MissingStackError, plan_backend
 from finetune_runtime.config import ConfigError, JobConfig, TaskConfig, load_config
 from finetune_runtime.sshd import LAUNCHER_KEYS, install_keys, prepare_sshd, runtime_ssh_dir, sshd_config
+from finetune_runtime.tasks import text_classification
 from finetune_runtime.waitfor import Probe, check, wait_for
 
 # --- env mapping ------------------------------------------------------------------------------------------
@@ -257,15 +258,15 @@ STAR_MAP = {"1": 0, "2": 0, "4": 1, "5": 1}
 @pytest.mark.parametrize(("value", "want"), [(1, 0), (2, 0), (3, None), (4, 1), (5, 1), ("5", 1), (4.0, 1),
                                              (None, None)])
 def test_star_label_map(value: object, want: int | None) -> None:
-    assert data.map_label(value, STAR_MAP, ["negative", "positive"]) == want
+    assert text_classification.map_label(value, STAR_MAP, ["negative", "positive"]) == want
 
 
 def test_labels_without_map() -> None:
     names = ["negative", "positive"]
-    assert data.map_label("positive", None, names) == 1
-    assert data.map_label(0, None, names) == 0
-    assert data.map_label("1", None, names) == 1
-    assert data.map_label("neutral", None, names) is None
+    assert text_classification.map_label("positive", None, names) == 1
+    assert text_classification.map_label(0, None, names) == 0
+    assert text_classification.map_label("1", None, names) == 1
+    assert text_classification.map_label("neutral", None, names) is None
 
 
 def test_select_classification_drops_unmapped_rows() -> None:
@@ -274,7 +275,7 @@ def test_select_classification_drops_unmapped_rows() -> None:
     ds = datasets.Dataset.from_list([{"review_body": f"r{i}", "stars": s, "product_category": "x"}
                                      for i, s in enumerate([1, 2, 3, 4, 5, 3])])
     cfg = TaskConfig.from_dict(json.loads(DEMO_CONFIG.read_text())["task"]).dataset
-    out = data.select_classification(ds, cfg, ["negative", "positive"])
+    out = text_classification.select_classification(ds, cfg, ["negative", "positive"])
     assert out.column_names == ["review_body", "labels"]
     assert out["labels"] == [0, 0, 1, 1] and out["review_body"] == ["r0", "r1", "r3", "r4"]
 
@@ -530,7 +531,7 @@ def test_wait_for_reports_what_is_missing() -> None:
 def test_classification_metrics() -> None:
     import numpy as np
 
-    from finetune_runtime.train import classification_metrics
+    from finetune_runtime.tasks.text_classification import classification_metrics
 
     logits = np.array([[2.0, 0], [0, 3.0], [0, 1.0], [1.0, 0]])
     m = classification_metrics(logits, np.array([0, 1, 0, 1]))

@@ -259,8 +259,17 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             "self.type == 'question-answering' || !has(self.inferenceQuestions)",
             ".inferenceQuestions",
             "spec.task.inferenceQuestions apply to question-answering only; for this task type give "
-            "spec.task.inferenceSamples (sentences)",
+            "spec.task.inferenceSamples (sentences, or prompts for causal-lm)",
             lambda t: t.get("type") == "question-answering" or not _has(t, "inferenceQuestions"),
+        ),
+        Rule(
+            "lora-needs-causal-lm",
+            "spec.task",
+            "!has(self.lora) || self.type == 'causal-lm'",
+            ".lora",
+            "spec.task.lora trains adapters of a decoder language model: set spec.task.type to causal-lm, or "
+            "remove lora",
+            lambda t: not _has(t, "lora") or t.get("type") == "causal-lm",
         ),
         Rule(
             "hardware-immutable",

@@ -19,7 +19,9 @@ Schema = dict[str, Any]
 PROFILES = tuple(sorted(f.stem for f in (Path(__file__).resolve().parents[1] / "profiles").glob("*.yaml")))
 LAUNCHERS = ("torchrun", "mpi")
 MPI_IMPLEMENTATIONS = ("intel", "mpich", "openmpi")
-TASK_TYPES = ("text-classification", "question-answering")
+# One per runtime task plugin (runtime/finetune_runtime/tasks/<type>.py); tests/unit/test_task_schema_drift.py
+# checks this list, and each task's options below, against the plugins.
+TASK_TYPES = ("text-classification", "question-answering", "causal-lm")
 PRECISIONS = ("fp32", "bf16")
 CLEAN_POD_POLICIES = ("Running", "All")
 PHASES = ("Pending", "Precompiling", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
@@ -224,6 +226,16 @@ DATASET = _o(
         "questionColumn": _s("Question column (question-answering).", maxLength=128, default="question"),
         "contextColumn": _s("Context column (question-answering).", maxLength=128, default="context"),
         "answersColumn": _s("SQuAD-style answers column (question-answering).", maxLength=128, default="answers"),
+        "messagesColumn": _s(
+            "Chat column (causal-lm): a list of {role, content} turns (system, user, assistant) rendered with the "
+            "tokenizer's chat template; the loss covers the assistant turns only. Default: messages. Rows "
+            "without it use promptColumn and responseColumn.",
+            maxLength=128,
+        ),
+        "promptColumn": _s("Instruction column (causal-lm), used with responseColumn when a row has no "
+                           "messagesColumn; rendered as one user turn. Default: prompt.", maxLength=128),
+        "responseColumn": _s("Answer column (causal-lm) for promptColumn; the loss covers it only. Default: "
+                             "response.", maxLength=128),
         "trainSamples": _i("Train on this many rows, taken after label mapping from the split shuffled with "
                            "training.seed (so files sorted by label still give every class).", minimum=1),
         "evalSamples": _i("Evaluate on this many rows, taken the same way from the evaluation split.", minimum=1),
@@ -247,8 +259,13 @@ TASK = _o(
             "Overlap between windows of long contexts (question-answering).", minimum=1, maximum=4096, default=128
         ),
         "labels": _strlist("Class names by id, e.g. [negative, positive]; saved in the model config.", 1024),
-        "inferenceSamples": _strlist("Sentences for the inference check run on the saved model "
-                                     "(text-classification; question-answering takes inferenceQuestions).", 64),
+        "inferenceSamples": _strlist(
+            "Inputs for the inference check run on the saved model: sentences to classify (text-classification), "
+            "or prompts to answer as a user turn (causal-lm: greedy generations in predictions.json); "
+            "question-answering takes inferenceQuestions. Default: built-in sentences, or the first prompts of "
+            "the evaluation split.",
+            64,
+        ),
         "inferenceQuestions": {
             "type": "array",
             "description": "Questions for the inference check run on the saved model (question-answering). "
@@ -263,6 +280,26 @@ TASK = _o(
                 required=["question", "context"],
             ),
         },
+        "lora": _o(
+            "Train LoRA adapters (peft) instead of every weight (causal-lm). The adapter is saved in the output's "
+            "model/ (adapter_config.json, adapter_model.safetensors, loadable with peft's "
+            "AutoPeftModelForCausalLM); with merge, the merged full model also in model-merged/.",
+            {
+                "r": _i("Rank of the update matrices.", minimum=1, maximum=1024, default=8),
+                "alpha": _i("Scaling numerator (lora_alpha): updates are scaled by alpha/r.", minimum=1,
+                            maximum=4096, default=16),
+                "dropout": _n("Dropout on the adapters' input.", minimum=0, maximum=1, exclusiveMaximum=True,
+                              default=0.05),
+                "targetModules": _strlist(
+                    "Module names to adapt, e.g. [q_proj, k_proj, v_proj, o_proj]. Default: peft's choice for "
+                    "the model type (q_proj and v_proj on Llama).",
+                    64,
+                    minItems=1,
+                ),
+                "merge": _b("Also save the base model with the adapters merged in (model-merged/).",
+                            default=False),
+            },
+        ),
     },
     required=["type", "model", "dataset"],
 )

@@ -1,0 +1,74 @@
+"""Trainer callbacks every task shares: progress lines, checkpoint completeness markers, a save per epoch.
+
+Imports transformers at import time: train.py imports this module only after pointing the caches at
+FTJOB_CACHE_DIR.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from finetune_runtime import checkpoints
+from finetune_runtime.progress import ProgressEmitter, clean_metrics, utc_now
+
+
+class ProgressCallback(TrainerCallback):
+    """Progress lines + checkpoint completeness markers + a checkpoint at every epoch end."""
+
+    def __init__(self, emitter: ProgressEmitter, precompile: bool, save_each_epoch: bool,
+                 on_checkpoint: Callable[[Path], str | None] | None = None) -> None:
+        self.emitter = emitter
+        self.on_checkpoint = on_checkpoint  # after the marker (rank 0): e.g. the S3 upload; returns a URL
+        self.precompile = precompile
+        self.save_each_epoch = save_each_epoch
+        self.t0 = self.t_last = time.monotonic()
+        self.step0 = self.step_last = 0
+        self.last_eval: tuple[int, dict[str, Any]] | None = None
+        self.last_saved = -1
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.t0 = self.t_last = time.monotonic()
+        self.step0 = self.step_last = state.global_step  # after a resume, count from where it resumed
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+        # Never lose an epoch of work; skip when this very step was just saved (step schedule, last step).
+        if self.save_each_epoch and self.last_saved != state.global_step:
+            control.should_save = True
+        return control
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kw: Any) -> None:
+        if not logs or "loss" not in logs:
+            return
+        now = time.monotonic()
+        steps = state.global_step - self.step_last
+        samples = steps * args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+        sps = samples / (now - self.t_last) if now > self.t_last and steps > 0 else None
+        done = state.global_step - self.step0
+        eta = int((state.max_steps - state.global_step) * (now - self.t0) / done) if done > 0 else None
+        self.t_last, self.step_last = now, state.global_step
+        self.emitter.emit("precompile" if self.precompile else "train", step=state.global_step,
+                          totalSteps=state.max_steps, epoch=round(float(state.epoch or 0), 4),
+                          loss=float(logs["loss"]), samplesPerSecond=round(sps, 2) if sps else None,
+                          etaSeconds=eta, time=utc_now())
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
+                    **kw: Any) -> None:
+        self.last_eval = (state.global_step, dict(metrics or {}))
+        self.emitter.emit("eval", step=state.global_step, totalSteps=state.max_steps,
+                          epoch=round(float(state.epoch or 0), 4), metrics=clean_metrics(metrics or {}))
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.last_saved = state.global_step
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and ckpt.is_dir():
+            checkpoints.mark_complete(ckpt)
+            url = self.on_checkpoint(ckpt) if self.on_checkpoint else None
+            self.emitter.emit("checkpoint", step=state.global_step, totalSteps=state.max_steps,
+                              epoch=round(float(state.epoch or 0), 4), path=str(ckpt),
+                              **({"url": url} if url else {}))
