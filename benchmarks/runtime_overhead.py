@@ -108,7 +108,7 @@ def run_once(side: str, config: Path, work: Path, n: int, batch: int, timeout: f
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=3, help="timed runtime/bare pairs (default 3)")
-    ap.add_argument("--epochs", type=int, default=3, help="epochs per run (20 steps each on the sample)")
+    ap.add_argument("--epochs", type=int, default=3, help="epochs per run (10 steps each on the sample)")
     ap.add_argument("--quick", action="store_true",
                     help="1 pair of 1 epoch, no warm-up: the runtime's dataset cache is cold (make bench QUICK=1)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
