@@ -15,7 +15,7 @@ bench-render: setup ## Pure builders: renders per second for every sample
 	$(PY) benchmarks/render.py $(if $(QUICK),--seconds 0.5,) --json $(BENCH_OUT)/render.json
 
 bench-operator: setup k8s-bins ## Operator vs raw API on a real control plane (BENCH_JOBS jobs, audit-log request counts)
-	$(PY) benchmarks/operator_scale.py --jobs $(BENCH_JOBS) --json $(BENCH_OUT)/operator-scale.json
+	$(PY) benchmarks/operator_scale.py --jobs $(BENCH_JOBS) $(if $(QUICK),--window 10,) --json $(BENCH_OUT)/operator-scale.json
 
 bench-runtime: setup ## Our runtime vs a bare HF Trainer script, A/B interleaved: samples/s ratio, time to first step
 	$(PY) benchmarks/runtime_overhead.py $(BENCH_QUICK) --json $(BENCH_OUT)/runtime-overhead.json
