@@ -1,13 +1,27 @@
 # Benchmarks: numbers, never pass/fail (see benchmarks/README.md). Not part of `make test`.
-BENCH_JOBS ?= 50
+# QUICK=1 (or `make bench-quick`): every benchmark in a short form, under 5 minutes on an idle 2-core machine.
+BENCH_JOBS ?= $(if $(QUICK),20,50)
 BENCH_OUT ?= benchmarks/results/latest
+BENCH_QUICK := $(if $(QUICK),--quick,)
 
-.PHONY: bench bench-render bench-operator
+.PHONY: bench bench-quick bench-render bench-operator bench-runtime bench-data bench-gpu
 
-bench: bench-render bench-operator ## Every benchmark; results as JSON under benchmarks/results/latest (BENCH_OUT)
+bench: bench-render bench-data bench-runtime bench-operator ## Every benchmark; results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
+
+bench-quick: ## The whole benchmark set in its short form (make bench QUICK=1)
+	$(MAKE) bench QUICK=1
 
 bench-render: setup ## Pure builders: renders per second for every sample
-	$(PY) benchmarks/render.py --json $(BENCH_OUT)/render.json
+	$(PY) benchmarks/render.py $(if $(QUICK),--seconds 0.5,) --json $(BENCH_OUT)/render.json
 
 bench-operator: setup k8s-bins ## Operator vs raw API on a real control plane (BENCH_JOBS jobs, audit-log request counts)
-	$(PY) benchmarks/operator_scale.py --jobs $(BENCH_JOBS) --json $(BENCH_OUT)/operator-scale.json
+	$(PY) benchmarks/operator_scale.py --jobs $(BENCH_JOBS) $(if $(QUICK),--window 10,) --json $(BENCH_OUT)/operator-scale.json
+
+bench-runtime: setup ## Our runtime vs a bare HF Trainer script, A/B interleaved: samples/s ratio, time to first step
+	$(PY) benchmarks/runtime_overhead.py $(BENCH_QUICK) --json $(BENCH_OUT)/runtime-overhead.json
+
+bench-data: setup ## MeCab tokenisation throughput; the runtime's tokenised-dataset cache, first run vs second
+	$(PY) benchmarks/data_prep.py $(BENCH_QUICK) --json $(BENCH_OUT)/data-prep.json
+
+bench-gpu: setup ## BERT-base Japanese on one NVIDIA GPU, bf16, seq 128, across batch sizes: samples/s, MFU (GPU machines only)
+	$(PY) benchmarks/gpu_bert_ja.py --json $(BENCH_OUT)/gpu-bert-ja.json
