@@ -20,7 +20,7 @@ MPI_IMPLEMENTATIONS = ("intel", "mpich", "openmpi")
 TASK_TYPES = ("text-classification", "question-answering")
 PRECISIONS = ("fp32", "bf16")
 CLEAN_POD_POLICIES = ("Running", "All")
-PHASES = ("Pending", "Precompiling", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+PHASES = ("Queued", "Pending", "Precompiling", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
 # DNS-1123 label; job names end up in pod hostnames ("{job}-worker-{i}"), hence the tighter length bound
 # applied on metadata.name by a CEL rule in the CRD.
@@ -305,7 +305,13 @@ RUN_POLICY = _o(
             default="Running",
         ),
         "suspend": _b("Delete the pods and keep the job; setting it back to false recreates them.", default=False),
-        "queueName": _s("Kueue LocalQueue (sets kueue.x-k8s.io/queue-name on the pods).", maxLength=253),
+        "queueName": _s(
+            "Kueue LocalQueue in the job's namespace. The operator creates a Workload (named like the job) in "
+            "that queue and creates the pods only once Kueue admits it; meanwhile the job is Queued with "
+            "Kueue's reason. Needs Kueue with FineTuneJob.v1alpha1.finetune.dev in "
+            "integrations.externalFrameworks (docs/operator.md).",
+            maxLength=253,
+        ),
     },
     default={},
 )
@@ -364,7 +370,7 @@ SPEC = _o(
 CONDITION = _o(
     "A condition of the job.",
     {
-        "type": _s("Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed."),
+        "type": _s("Queued, Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed."),
         "status": _s("True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _s("One-word reason."),
         "message": _s("Human-readable detail."),

@@ -31,6 +31,11 @@ class Names:
         return f"{self.job}-ssh"
 
     @property
+    def workload(self) -> str:
+        """Kueue Workload of a queued job: the job's own name (one Workload per job, owned by it)."""
+        return self.job
+
+    @property
     def launcher(self) -> str:
         return f"{self.job}-launcher"
 
