@@ -69,8 +69,8 @@ class Kube:
 
     def _read(self, kind: str, ns: str, name: str) -> dict[str, Any]:
         if kind == "Workload":
-            return dict(self.custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS,
-                                                                 name))  # fmt: skip
+            obj: Any = self.custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, name)
+            return dict(obj)
         reader = {
             "Pod": self.core.read_namespaced_pod,
             "Service": self.core.read_namespaced_service,

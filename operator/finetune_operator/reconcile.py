@@ -340,7 +340,7 @@ def queued(p: Pass) -> Plan | None:
         pods = desired(p.job, images=p.config.get("images"), attempt=p.attempt).pods
         p.plan.create.append(build_workload(p.job, p.layout, p.names, pods))
     p.delete(p.live)
-    if evicted and not p.observed.pods and (wl or {}).get("status", {}).get("admission"):
+    if wl is not None and evicted and not p.observed.pods and (wl.get("status") or {}).get("admission"):
         conds = [dict(x) for x in wl["status"].get("conditions") or []
                  if x.get("type") not in ("QuotaReserved", "Admitted")]  # fmt: skip
         conds += [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
