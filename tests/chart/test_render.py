@@ -23,6 +23,9 @@ NAMESPACED_VERBS: dict[tuple[str, str], set[str]] = {
     ("", "secrets"): {"get", "list", "watch", "create", "delete"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    # Kueue: the Workload of a queued job (k8s.Kube.create/get_workload/patch_workload_status).
+    ("kueue.x-k8s.io", "workloads"): {"get", "create"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
 }
 CRD_READ: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},

@@ -138,6 +138,15 @@ through one Role per watched namespace. Every verb is used by the operator; noth
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Kueue (jobs with runPolicy.queueName): the job's Workload is created, read every pass while queued (and
+# after a 409), and its status patched: Finished when the job ends, quota released after an eviction. The
+# garbage collector deletes it with the job. Harmless where Kueue is not installed.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "create"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
 {{- if .Values.networkPolicy.enabled }}
 # networkPolicy.enabled: one NetworkPolicy per job ({job}: ingress only from that job's pods), created,
 # listed by the job's labels and read back after a 409 like the other children; the garbage collector
