@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ftjobs import make_job
+import yaml
+from ftjobs import load_sample, make_job
 from kubernetes import client
 from operator_support import NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
 
 from ftjob_cluster.kueue import KueueProcess
 from ftjob_cluster.testing import Cluster
 
+ROOT = Path(__file__).resolve().parents[2]
 API = ("finetune.dev", "v1alpha1")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 # Each test job is 2 pods of the cpu profile's default 2 CPUs / 4Gi: this quota fits one job, not two.
@@ -172,3 +174,27 @@ def test_deleting_a_queued_job_leaves_nothing_behind(
     wait_for(nothing_left, timeout=90, message="no trace of the deleted queued job")
     # The admitted job is untouched.
     assert admitted(kube_api, ns, "holder") and len(kubelet.live_pods("holder")) == 2
+
+
+def test_neuron_queue_sample_admits_a_trn1_job_to_its_flavor(
+        operator: Path, kubectl: Any, kube_api: client.ApiClient, namespace: str, wait_for: Any) -> None:  # fmt: skip
+    """manifests/samples/kueue/trn1-queue.yaml as docs/eks.md applies it, and a trn1 sample job queued in it."""
+    sample = ROOT / "manifests" / "samples" / "kueue" / "trn1-queue.yaml"
+    objs = [o for o in yaml.safe_load_all(sample.read_text()) if o]
+    for o in objs:
+        if o["kind"] == "LocalQueue":
+            o["metadata"]["namespace"] = namespace
+    kubectl("apply", "-f", "-", input="\n---\n".join(job_yaml(o) for o in objs))
+    try:
+        job = load_sample("trn1-bert-ja-1core-bf16")
+        job["spec"]["hardware"]["nodeSelector"] = NO_KUBELET
+        job["spec"].setdefault("runPolicy", {})["queueName"] = "trn1"
+        kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(job))
+        name = job["metadata"]["name"]
+        wl = wait_for(lambda: admitted(kube_api, namespace, name), timeout=90, message="trn1 job admitted")
+        [assignment] = wl["status"]["admission"]["podSetAssignments"]  # type: ignore[index]
+        assert assignment["flavors"]["aws.amazon.com/neuroncore"] == "trn1-2xl"
+        assert assignment["resourceUsage"]["aws.amazon.com/neuroncore"] == "1"
+    finally:
+        kubectl("delete", "-n", namespace, "ftj", "--all", "--wait=false")
+        kubectl("delete", "clusterqueue", "trn1", "--ignore-not-found", "--wait=false")
