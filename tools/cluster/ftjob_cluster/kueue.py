@@ -66,6 +66,9 @@ class KueueProcess:
         return proc.stdout
 
     def install_crds(self) -> None:
+        # Kueue's own namespace (its Configuration names it; events and leases of a real install live there).
+        ns = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}})
+        self._kubectl("apply", "-f", "-", input=ns)
         crds = bins.kueue_crds()
         # Server-side: the Workload CRD is larger than client-side apply's last-applied annotation allows.
         self._kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
