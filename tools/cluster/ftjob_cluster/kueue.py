@@ -33,6 +33,7 @@ from ftjob_cluster.localcluster import _die_with_parent, _terminate_group, free_
 # objects as jobs managed by an external controller.
 EXTERNAL_FRAMEWORK = "FineTuneJob.v1alpha1.finetune.dev"
 WEBHOOK_GROUP = "kueue.x-k8s.io"
+METRICS_CERT_DIR = "/etc/kueue/metrics/certs"  # fixed in Kueue's main.go; see KueueProcess._with_metrics_certs
 
 
 def webhook_configurations(url: str, ca_bundle: bytes) -> list[dict[str, object]]:
@@ -99,8 +100,9 @@ class KueueProcess:
         config_path = self.directory / "kueue-config.yaml"
         config_path.write_text(json.dumps(config, indent=2) + "\n")
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        cmd = [str(binary), f"--config={config_path}", "--feature-gates=VisibilityOnDemand=false",
-               "--zap-log-level=2"]  # fmt: skip
+        kueue = [str(binary), f"--config={config_path}", "--feature-gates=VisibilityOnDemand=false",
+                 "--zap-log-level=2"]  # fmt: skip
+        cmd = self._with_metrics_certs(kueue, certs)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                             env=env, start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
@@ -108,6 +110,23 @@ class KueueProcess:
         hooks = webhook_configurations(f"https://127.0.0.1:{self.webhook_port}", ca.pair.cert.read_bytes())
         self._kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(h) for h in hooks))
         return self
+
+    def _with_metrics_certs(self, kueue: list[str], certs: Path) -> list[str]:
+        """Kueue 0.17 without internal cert management reads its metrics serving certificate from the fixed
+        path /etc/kueue/metrics/certs (cmd/kueue/main.go) and exits without it. Rather than write into this
+        machine's /etc, Kueue runs in a private mount namespace whose /etc is an overlay (upper layer on a
+        tmpfs that lives as long as that namespace) holding the certificate there: nothing outside changes.
+        Needs root or unprivileged user namespaces (`unshare --map-root-user`)."""
+        scratch = self.directory / "etc-overlay"
+        scratch.mkdir(exist_ok=True)
+        setup = (
+            f'mount -t tmpfs tmpfs "{scratch}" && mkdir "{scratch}/up" "{scratch}/work" && '
+            f'mount -t overlay overlay -o lowerdir=/etc,upperdir="{scratch}/up",workdir="{scratch}/work" /etc && '
+            f'mkdir -p {METRICS_CERT_DIR} && cp "{certs}/tls.crt" "{certs}/tls.key" {METRICS_CERT_DIR}/ && '
+            'exec "$@"'
+        )
+        userns = [] if os.geteuid() == 0 else ["--map-root-user"]
+        return ["unshare", "--mount", "--propagation", "private", *userns, "sh", "-c", setup, "kueue", *kueue]
 
     def _wait_ready(self, url: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
