@@ -54,3 +54,20 @@ def count_requests(log: Path, user: str) -> Counter[str]:
 def watch_uris(log: Path, user: str) -> list[str]:
     """The distinct request URIs of `user`'s watches (shows whether they carry label selectors)."""
     return sorted({e.get("requestURI", "") for e in _events(log, user) if _counted(e) and e.get("verb") == "watch"})
+
+
+Permission = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb), as an RBAC rule names them
+
+
+def permissions_used(log: Path, user: str) -> set[Permission]:
+    """What `user` asked the API server to do, in RBAC's terms: the API group ("" for core), the resource with
+    its subresource, and the verb. Requests to non-resource URLs (discovery, /version) are left out: no role of
+    ours grants them (every authenticated user may read them)."""
+    out: set[Permission] = set()
+    for e in _events(log, user):
+        ref = e.get("objectRef") or {}
+        if not ref.get("resource") or e.get("stage") not in ("ResponseStarted", "ResponseComplete"):
+            continue
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        out.add((ref.get("apiGroup") or "", resource, str(e.get("verb"))))
+    return out

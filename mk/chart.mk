@@ -2,10 +2,13 @@
 CHART_DIR := charts/finetune-operator
 CRD_COPIES := $(CHART_DIR)/crds/finetunejobs.yaml manifests/crd/finetunejobs.yaml
 
-.PHONY: generate generate-crds generate-profile-lists test-chart test-chart-install chart-lint
+.PHONY: generate generate-crds generate-profile-lists generate-api-docs test-chart test-chart-install chart-lint
 
 # Other areas may add their own generators as prerequisites of `generate`.
-generate: generate-crds generate-profile-lists ## Regenerate every generated file
+generate: generate-crds generate-profile-lists generate-api-docs ## Regenerate every generated file
+
+generate-api-docs: setup ## Write docs/api.md from the schema and rules (`ftjob api-docs`)
+	$(VENV)/bin/ftjob api-docs > docs/api.md.new && mv docs/api.md.new docs/api.md
 
 generate-crds: setup ## Copy `ftjob crd` into the chart's crds/ and manifests/crd/
 	@mkdir -p $(dir $(CRD_COPIES))

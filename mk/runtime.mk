@@ -1,6 +1,6 @@
 # In-pod training runtime (runtime/finetune_runtime, docs/runtime.md): real 2-rank torchrun and mpirun
 # trainings on CPU with the tiny models and the sample data under examples/.
-.PHONY: runtime-deps impi typecheck-runtime test-runtime test-runtime-fast test-runtime-tf457 runtime-vocab runtime-samples
+.PHONY: runtime-deps impi versitygw typecheck-runtime test-runtime test-runtime-fast test-runtime-tf457 runtime-vocab runtime-samples
 
 TF457_VENV := $(ROOT)/.venv-tf457
 
@@ -20,13 +20,26 @@ $(IMPI_DIR)/%/.stamp: $(UV)
 
 impi: $(foreach v,$(IMPI_VERSIONS),$(IMPI_DIR)/$(v)/.stamp) ## Intel MPI runtimes (impi-rt, the xeon images' versions) in .venv-impi/
 
+# versitygw, a real S3 server for the S3 checkpoint tests (tests/support/s3server.py), built from its Go module at
+# the version tests/support/tierdeps.py pins, cached like the Kubernetes binaries.
+FTJOB_CACHE ?= $(HOME)/.cache/finetune-operator
+VERSITYGW_VERSION := $(shell sed -n 's/^VERSITYGW_VERSION = "\(.*\)"/\1/p' $(ROOT)/tests/support/tierdeps.py)
+VERSITYGW := $(FTJOB_CACHE)/versitygw/$(VERSITYGW_VERSION)/bin/versitygw
+
+$(VERSITYGW):
+	@command -v go >/dev/null || { echo "building versitygw needs the Go toolchain (as the control plane does)" >&2; exit 1; }
+	GOBIN=$(dir $@).tmp CGO_ENABLED=0 go install -trimpath github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+	mv $(dir $@).tmp/versitygw $@ && rmdir $(dir $@).tmp
+
+versitygw: $(VERSITYGW) ## S3 server for the runtime tier's S3 checkpoint tests (versitygw, built from its Go module, cached)
+
 typecheck-runtime: setup ## mypy --strict on the runtime package
 	$(VENV)/bin/mypy --strict runtime/finetune_runtime
 
-test-runtime: setup runtime-deps impi typecheck-runtime ## Runtime tier: units, samples, 2-rank torchrun/mpirun trainings, resume, precompile
+test-runtime: setup runtime-deps impi versitygw typecheck-runtime ## Runtime tier: units, samples, 2-rank torchrun/mpirun trainings, resume, precompile
 	$(PY) -m pytest -q tests/runtime
 
-test-runtime-fast: setup runtime-deps impi ## Runtime tier without the trainings (marker `slow` deselected)
+test-runtime-fast: setup runtime-deps impi versitygw ## Runtime tier without the trainings (marker `slow` deselected)
 	$(PY) -m pytest -q tests/runtime -m "not slow"
 
 # transformers 4.57 is the newest release the Neuron stack pins (docs/runtime.md); the uv cache hardlinks torch,
@@ -37,7 +50,7 @@ $(TF457_VENV)/.stamp: $(UV) runtime/pyproject.toml operator/pyproject.toml
 	VIRTUAL_ENV=$(TF457_VENV) $(UV) pip install -e operator -e runtime "transformers==4.57.*" "pytest>=9" pytest-timeout hypothesis
 	touch $@
 
-test-runtime-tf457: $(TF457_VENV)/.stamp runtime-deps impi ## Runtime units + QA/demo trainings under transformers 4.57
+test-runtime-tf457: $(TF457_VENV)/.stamp runtime-deps impi versitygw ## Runtime units + QA/demo trainings under transformers 4.57
 	$(TF457_VENV)/bin/python -m pytest -q tests/runtime -m "not slow or tf457"
 
 runtime-vocab: setup ## Rebuild the tiny models' vocab.txt (and vocab_size) from the sample data

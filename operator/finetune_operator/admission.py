@@ -6,14 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from . import profiles
+from .api.podrules import pod_rules
 from .api.rules import Rule, static_rules
 from .api.schema import openapi_schema
 from .api.validation import FieldError, InvalidSpec, apply_defaults, validate_structure
+from .builders.reserved_env import reserved_env_rule
 from .constants import API_VERSION, KIND
 
 
 def all_rules() -> list[Rule]:
-    return static_rules(profiles.default_mpi_profiles()) + profiles.profile_rules()
+    return (static_rules(profiles.default_mpi_profiles()) + profiles.profile_rules() + pod_rules()
+            + [reserved_env_rule()])
 
 
 def _at(obj: Any, scope: str) -> Any:
@@ -29,7 +32,8 @@ def validate(job: dict[str, Any]) -> dict[str, Any]:
     errors: list[FieldError] = []
     if job.get("apiVersion") != API_VERSION or job.get("kind") != KIND:
         errors.append(FieldError("apiVersion/kind", f"expected apiVersion: {API_VERSION} and kind: {KIND}"))
-    if not job.get("metadata", {}).get("name"):
+    meta = job.get("metadata")
+    if not isinstance(meta, dict) or not meta.get("name"):
         errors.append(FieldError("metadata.name", "required: give the job a name"))
     schema = openapi_schema()
     body = {k: v for k, v in job.items() if k != "status"}

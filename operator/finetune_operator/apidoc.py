@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .admission import all_rules
@@ -41,6 +42,11 @@ def _rows(node: dict[str, Any], path: str, out: list[str]) -> None:
             _rows(sub["items"], p + "[]", out)
 
 
+# A hand-written section (migration.md beside this file), so docs/api.md stays one generated file. Its field
+# names are the schema's own: tests/unit/test_crd.py checks every `spec.*` path it names.
+MIGRATION = (Path(__file__).parent / "migration.md").read_text(encoding="utf-8")
+
+
 def render() -> str:
     out = [
         "# FineTuneJob API reference (`finetune.dev/v1alpha1`)",
@@ -68,4 +74,4 @@ def render() -> str:
     for r in all_rules():
         msg = r.message.replace("\n", " ").replace("|", "\\|")
         out.append(f"| `{r.id}` | `{r.path or r.scope}` | {msg} |")
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n\n" + MIGRATION

@@ -33,7 +33,10 @@ def dump_yaml_stream(objs: list[dict[str, Any]]) -> str:
 
 def load_jobs(path: str) -> list[dict[str, Any]]:
     text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    docs = [d for d in yaml.safe_load_all(text) if d]
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as e:
+        raise SystemExit(f"error: {path} is not valid YAML: {e}") from None
     if not docs:
         raise SystemExit(f"error: {path} holds no FineTuneJob")
     for d in docs:
@@ -62,10 +65,10 @@ def _render(args: argparse.Namespace) -> int:
     out: list[dict[str, Any]] = []
     failed = False
     for raw in load_jobs(args.filename):
-        raw.setdefault("metadata", {})
-        if args.namespace:
-            raw["metadata"]["namespace"] = args.namespace
-        name = raw["metadata"].get("name", "<unnamed>")
+        meta = raw.setdefault("metadata", {})
+        if args.namespace and isinstance(meta, dict):
+            meta["namespace"] = args.namespace
+        name = meta.get("name", "<unnamed>") if isinstance(meta, dict) else "<unnamed>"
         try:
             job = validate(raw)
         except InvalidSpec as e:
@@ -118,7 +121,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         job = validate(jobs[0])
     except InvalidSpec as e:
-        print(f"error: FineTuneJob {jobs[0].get('metadata', {}).get('name')!r} is invalid:", file=sys.stderr)
+        meta = jobs[0].get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        print(f"error: FineTuneJob {name!r} is invalid:", file=sys.stderr)
         for err in e.errors:
             print(f"  {err}", file=sys.stderr)
         return 1

@@ -47,6 +47,11 @@ OUTPUT_DIR: Final = "/output"
 HOME_DIR: Final = "/home/ftjob"
 MASTER_PORT: Final = 29500  # torch.distributed rendezvous (torchrun --master-port)
 SSH_PORT: Final = 2222  # sshd of MPI workers; >1024 because the images run it as non-root
+# Keys of the {job}-ssh Secret each MPI role mounts (builders.pods, as Secret volume items; the runtime's
+# sshd.install_keys copies them): the launcher is the ssh client, the workers are the servers. Workers never hold
+# the client's private key, the launcher never holds the host's.
+SSH_LAUNCHER_KEYS: Final = ("id_ed25519", "id_ed25519.pub", "known_hosts")
+SSH_WORKER_KEYS: Final = ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub", "authorized_keys")
 NEURON_RT_COMM_PORT: Final = 46820  # NEURON_RT_ROOT_COMM_ID port on rank 0; reserved for the Neuron runtime
 PROGRESS_PREFIX: Final = "FTJOB_PROGRESS "  # runtime's structured progress lines (parsed by progress.py)
 

@@ -27,8 +27,9 @@ from .admission import validate
 from .api.validation import InvalidSpec
 from .builders.layout import launcher_of
 from .builders.names import Names
-from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS
+from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, clear_job, set_job_progress
 from .reconcile import Observed, Plan, iso, reconcile, set_condition
+from .refusal import Refused, failed_status
 from .sshkeys import generate_keys
 
 log = logging.getLogger("finetune_operator")
@@ -44,7 +45,12 @@ FOLLOWED = ("Running", "Precompiling")  # phases whose progress is read from ran
 # control-plane backoff test too.
 ERROR_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
-Children = tuple[list[dict[str, Any]], frozenset[str]]  # the job's pods, and "Kind/name" of its other children
+# The pods labelled with the job's name, and "Kind/name" -> controller uid of its other labelled objects, as the
+# watch-fed indexes hold them (reconcile tells the job's own from foreign ones).
+Children = tuple[list[dict[str, Any]], dict[str, str | None]]
+# Kinds the operator creates but does not watch (handlers.py): a loop remembers the ones it made or found to be
+# its own in `JobLoop.made`. A new loop (operator restart) creates again and reads the 409 back once.
+UNWATCHED_KINDS = ("Secret",)
 
 
 class Api(Protocol):
@@ -115,7 +121,9 @@ class JobLoop:
     - `failures`: failed passes in a row, which pick the backoff from ERROR_BACKOFF_S;
     - `followed`: for a Running/Precompiling job, the job and the status this loop last wrote (the loop is the
       only writer of the status, so that is what the API holds), for progress refreshes between passes;
-    - `progress_read_at`: clock time of the last read of rank 0's log (at most one per PROGRESS_EVERY_S).
+    - `progress_read_at`: clock time of the last read of rank 0's log (at most one per PROGRESS_EVERY_S);
+    - `made`: "Kind/name" -> job uid of the unwatched children (UNWATCHED_KINDS) this loop created or found to
+      be the job's own, so their key pairs are made once.
     `clock` is monotonic seconds and `now` the wall clock for status timestamps; tests pass fakes."""
 
     def __init__(self, namespace: str, name: str, api: Api, config: Mapping[str, Any], *,
@@ -127,6 +135,7 @@ class JobLoop:
         self.failures = 0
         self.followed: tuple[dict[str, Any], dict[str, Any]] | None = None
         self.progress_read_at: float | None = None
+        self.made: dict[str, str] = {}
         self._woken = asyncio.Event()  # set by watch events (on the event loop); binds to no loop until awaited
 
     @property
@@ -196,7 +205,7 @@ class JobLoop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._woken.wait(), timeout=pause.seconds)
 
-    def _full_pass(self, pods: list[dict[str, Any]], objects: frozenset[str]) -> None:
+    def _full_pass(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> None:
         try:
             wait = self.reconcile_once(pods, objects)
             if self.failures:
@@ -213,12 +222,13 @@ class JobLoop:
         self.next_pass = self.clock() + wait
 
     # -- the pass -------------------------------------------------------------------------------------------------
-    def reconcile_once(self, pods: list[dict[str, Any]], objects: frozenset[str]) -> float:
+    def reconcile_once(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> float:
         """One full pass. Returns seconds until the next one unless something wakes the loop earlier."""
         ns, name = self.key
         raw = self.api.get_job(ns, name)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             self.followed = None
+            clear_job(ns, name)
             return IDLE_REQUEUE_S
         old_status = dict(raw.get("status") or {})
         now = self.now()
@@ -236,14 +246,29 @@ class JobLoop:
             return IDLE_REQUEUE_S
         job["status"] = raw.get("status") or {}
         prog = self._read_progress(job, old_status) if old_status.get("phase") in FOLLOWED else None
+        seen = {**objects, **self.made}
         # Queued jobs: the Workload, read fresh (no watch: Kueue's CRDs may not exist where no job is queued).
         wl = self.api.get_workload(ns, name) if (job["spec"].get("runPolicy") or {}).get("queueName") else None
-        observed = Observed(pods, objects, now, prog, functools.partial(generate_keys, name), workload=wl)
+        observed = Observed(pods, seen, now, prog, functools.partial(generate_keys, name), workload=wl)
         plan = reconcile(job, observed, self.config)
-        apply(self.api, job, old_status, plan)
+        try:
+            apply(self.api, job, old_status, plan)
+        except Refused as e:
+            # No retry: the job ends here; the next pass (terminal phase) removes any pod this one created.
+            status, msg = failed_status(plan.status, e, now)
+            self.api.patch_status(ns, name, old_status, status)
+            self.api.event(raw, "Warning", "InvalidSpec", msg)
+            TRANSITIONS.labels(phase="Failed", reason="InvalidSpec").inc()
+            self.followed = None
+            return IDLE_REQUEUE_S
+        # apply() returned, so every create succeeded or met a 409 on an object this job controls.
+        uid = str(job["metadata"].get("uid"))
+        made = [o for o in plan.create if o["kind"] in UNWATCHED_KINDS]
+        self.made.update({f"{o['kind']}/{o['metadata']['name']}": uid for o in made})
         RECONCILES.inc()
         following = plan.status.get("phase") in FOLLOWED and not plan.delete_job
         self.followed = (job, plan.status) if following else None
+        self._export_progress(plan.status if following else None)
         if plan.delete_job:
             return IDLE_REQUEUE_S
         if plan.requeue_after is not None:
@@ -261,6 +286,14 @@ class JobLoop:
         new = {**status, "progress": prog}
         self.api.patch_status(self.namespace, self.name, status, new)  # sends only the changed key: progress
         self.followed = (job, new)
+        self._export_progress(new)
+
+    def _export_progress(self, status: Mapping[str, Any] | None) -> None:
+        """The job's Prometheus gauges follow status.progress while it trains; any other phase clears them."""
+        if status is not None and status.get("progress"):
+            set_job_progress(self.namespace, self.name, status["progress"])
+        else:
+            clear_job(self.namespace, self.name)
 
     def _read_progress(self, job: dict[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:
         """Rank 0's newest progress folded onto status.progress, or None when it is not time to read again (every
@@ -314,10 +347,11 @@ class Loops:
 
     @contextlib.contextmanager
     def running(self, loop: JobLoop) -> Iterator[JobLoop]:
-        """Registered while the job's daemon runs; its state goes with it."""
+        """Registered while the job's daemon runs; its state (and its metrics' series) go with it."""
         self._loops[loop.key] = loop
         try:
             yield loop
         finally:
             if self._loops.get(loop.key) is loop:
                 del self._loops[loop.key]
+                clear_job(*loop.key)

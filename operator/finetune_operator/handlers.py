@@ -15,6 +15,7 @@ from . import constants as c
 from .controller import Children, JobLoop, Loops, network_policies
 from .k8s import Kube
 from .metrics import start_metrics_server
+from .reconcile import controller_uid
 
 # Every object the operator makes carries this label; its watches ask the API server for these only.
 _OURS = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
@@ -46,23 +47,33 @@ def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, 
     return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): copy.deepcopy(dict(body))}
 
 
-# The other children, by (namespace, job) -> "Kind/name", so a full pass makes no LIST at all. Each kind's
-# watch is filtered server-side (see _configure), or kopf would stream every Secret of the cluster.
-# NetworkPolicies are indexed only when the operator makes them (run_operator): otherwise its RBAC cannot
-# watch them.
-_CHILD_INDEXES = {"services": "Service", "configmaps": "ConfigMap", "secrets": "Secret"}
+# The other children, by (namespace, job) -> ("Kind/name", uid of its controller owner), so a full pass makes no
+# LIST at all and reconcile can tell the job's own objects from foreign ones that merely carry its labels. Each
+# kind's watch is filtered server-side (see _configure). NetworkPolicies are indexed only when the operator makes
+# them (run_operator): otherwise its RBAC cannot watch them. Secrets are not watched at all, so the operator
+# needs no cluster-wide list/watch on Secrets: the one Secret it makes (an MPI job's SSH identity) is created
+# once per loop and a 409 read back by name (controller.JobLoop.made).
+_CHILD_INDEXES = {"services": "Service", "configmaps": "ConfigMap"}
 _POLICY_INDEX = ("networkpolicies", "NetworkPolicy")
 
 
 def _child_indexer(kind: str) -> Any:
-    def index(name: str, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
-        return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): f"{kind}/{name}"}
+    def index(body: kopf.Body, name: str, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
+        return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): (f"{kind}/{name}", controller_uid(body))}
 
     return index
 
 
+def _wake_on_delete(type: str | None, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo,
+                    **_: Any) -> None:
+    """A child (or a foreign object holding a child's name) went away: the job may create it now."""
+    if type == "DELETED":
+        memo.loops.wake(namespace, labels.get(c.LABEL_JOB_NAME))
+
+
 for _plural, _kind in _CHILD_INDEXES.items():
     kopf.index(_plural, id=f"job_{_plural}", labels=_OURS)(_child_indexer(_kind))
+    kopf.on.event(_plural, id=f"wake_{_plural}", labels=_OURS)(_wake_on_delete)
 
 
 @kopf.on.event("pods", labels=_OURS)
@@ -94,7 +105,7 @@ async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopp
     pods, *others = (kwargs[i] for i in _index_ids(config))
 
     def children() -> Children:
-        return list(pods.get(key, [])), frozenset(v for index in others for v in index.get(key, []))
+        return list(pods.get(key, [])), dict(v for index in others for v in index.get(key, []))
 
     loops: Loops = memo.loops
     with loops.running(JobLoop(*key, Kube(), config)) as loop:
@@ -112,6 +123,7 @@ def run_operator(
     if network_policies(config):
         plural, kind = _POLICY_INDEX
         kopf.index("networking.k8s.io", "v1", plural, id=f"job_{plural}", labels=_OURS)(_child_indexer(kind))
+        kopf.on.event("networking.k8s.io", "v1", plural, id=f"wake_{plural}", labels=_OURS)(_wake_on_delete)
     kopf.configure(verbose=verbose)
     kopf.run(
         memo=kopf.Memo(config=config, loops=Loops()),

@@ -3,6 +3,7 @@
 | call            | 404 (absent)                     | 409 (exists / conflict)                                   |
 |-----------------|----------------------------------|-----------------------------------------------------------|
 | create child    | namespace gone: error            | read it back; ours (same controller uid) -> fine; else error |
+| create child    | 400/422 (refused as invalid): `Refused`, which ends the job Failed/InvalidSpec (refusal.py) |
 | delete pod      | already gone: fine               | -                                                          |
 | delete job      | already gone: fine               | -                                                          |
 | patch status    | job deleted meanwhile: ignored   | -                                                          |
@@ -27,12 +28,20 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from .constants import GROUP, KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOADS, PLURAL, VERSION
+from .refusal import REFUSED_STATUSES, Refused
 
 log = logging.getLogger(__name__)
 
 
 class ForeignObject(RuntimeError):
     """A child's deterministic name is taken by an object this job does not control."""
+
+
+def _server_message(e: ApiException) -> str:
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except (ValueError, AttributeError):
+        return str(e.body or e.reason)
 
 
 def _namespace_terminating(e: ApiException) -> bool:
@@ -96,6 +105,8 @@ class Kube:
                 log.info("not creating %s %s/%s: the namespace is being deleted", kind, meta["namespace"],
                          meta["name"])  # fmt: skip
                 return False
+            if e.status in REFUSED_STATUSES:
+                raise Refused(kind, meta["name"], e.status, _server_message(e)) from e
             if e.status != 409:
                 raise
         existing = self._read(kind, meta["namespace"], meta["name"])

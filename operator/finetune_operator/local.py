@@ -4,6 +4,8 @@ The env comes from the same builders as the pods (builders.env.derived_env); onl
 is replaced: paths (config, cache, output), the rank-0 address (127.0.0.1) and the CPUs the thread math starts
 from (this machine's, shared by the local "nodes"). Each local node runs the runtime's own per-pod entry point
 (`ftjob-runtime launch` for torchrun, `ftjob-runtime mpirun` for MPI), so local mode exercises the same code.
+A `spec.command` job runs as its pods do: the command itself once per local node (torchrun launcher, with the
+PET_* variables a bare `torchrun script.py` reads), or under `ftjob-runtime mpirun -- COMMAND` (MPI).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -24,7 +27,7 @@ from typing import IO, Any
 
 from . import progress
 from .builders import Names, resolve
-from .builders.env import derived_env, thread_env
+from .builders.env import command_env, derived_env, thread_env
 from .builders.objects import runtime_config
 
 
@@ -44,15 +47,17 @@ def _runtime_cmd() -> list[str]:
 
 
 class _Reporter:
-    """Folds progress lines into a one-line bar (TTY) or a line every few seconds (logs, CI)."""
+    """Folds progress lines into a progress bar (tqdm, on a terminal) or a plain line every few seconds and at
+    each eval/checkpoint/end (logs, CI, pipes)."""
 
-    def __init__(self, quiet: bool, total_label: str):
+    def __init__(self, quiet: bool, label: str):
         self.state: dict[str, Any] | None = None
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self.last_print = 0.0
         self.last_summary = ""
-        self.label = total_label
+        self.label = label
+        self.bar: Any = None  # tqdm, made at the first line with a step count
         self.lock = threading.Lock()
 
     def record(self, rec: dict[str, Any]) -> None:
@@ -60,22 +65,56 @@ class _Reporter:
             self.state = progress.fold([rec], self.state)
             if self.quiet or self.state is None:
                 return
-            now = time.monotonic()
-            important = rec.get("event") in ("eval", "done", "checkpoint", "precompile")
+            important = rec.get("event") in ("eval", "done", "checkpoint") or rec.get("complete")
             if self.tty:
-                step, total = self.state.get("step"), self.state.get("totalSteps")
-                bar = ""
-                if isinstance(step, int) and isinstance(total, int) and total:
-                    filled = int(30 * step / total)
-                    bar = "[" + "#" * filled + "." * (30 - filled) + "] "
-                sys.stderr.write(f"\r{self.label} {bar}{self.state['summary']}\033[K")
-                if important:
-                    sys.stderr.write("\n")
-                sys.stderr.flush()
-            elif (important or now - self.last_print >= 5) and self.state["summary"] != self.last_summary:
+                self._draw(self.state, bool(important))
+                return
+            now = time.monotonic()
+            if (important or now - self.last_print >= 5) and self.state["summary"] != self.last_summary:
                 sys.stderr.write(f"{self.label} {self.state['summary']}\n")
+                sys.stderr.flush()
                 self.last_print = now
                 self.last_summary = self.state["summary"]
+
+    def _draw(self, state: dict[str, Any], important: bool) -> None:
+        step, total = state.get("step"), state.get("totalSteps")
+        if not isinstance(step, int):
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total if isinstance(total, int) else None, desc=self.label, unit="step",
+                            file=sys.stderr, dynamic_ncols=True)
+        if isinstance(total, int) and self.bar.total != total:
+            self.bar.total = total
+        if step >= self.bar.n:
+            self.bar.update(step - self.bar.n)  # update(), not n=: tqdm's step rate comes from the increments
+        else:  # a group restart resumed from an older checkpoint
+            self.bar.n = step
+        self.bar.set_postfix_str(_postfix(state), refresh=True)
+        if important:
+            self.bar.write(f"{self.label} {state['summary']}", file=sys.stderr)
+
+    def close(self) -> None:
+        with self.lock:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+
+
+def _postfix(state: dict[str, Any]) -> str:
+    """What the bar shows beside its own step counter and rate: loss, throughput, the newest eval metric."""
+    parts = []
+    if isinstance(state.get("loss"), int | float):
+        parts.append(f"loss {state['loss']:.3g}")
+    if isinstance(state.get("samplesPerSecond"), int | float):
+        parts.append(f"{state['samplesPerSecond']:.3g} samples/s")
+    metrics = state.get("metrics") or {}
+    for key in ("accuracy", "f1", "exact_match"):
+        if isinstance(metrics.get(key), int | float):
+            parts.append(f"{key} {metrics[key]:.3g}")
+            break
+    return ", ".join(parts)
 
 
 def _pump(stream: IO[str], log: IO[str], reporter: _Reporter) -> None:
@@ -92,6 +131,12 @@ def _tail(path: Path, n: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return ""
+
+
+def local_path(path: str) -> str:
+    """PATH as a local run sees it: this Python's bin directory (the runtime's, as in the images) first."""
+    bin_dir = str(Path(sys.executable).parent)
+    return path if bin_dir in path.split(os.pathsep) else os.pathsep.join([bin_dir, *([path] if path else [])])
 
 
 def local_env(
@@ -126,6 +171,9 @@ def local_env(
         }
     )
     env.pop("FTJOB_OUTPUT_URL", None)  # local runs keep results on disk
+    # The images have the runtime's environment on PATH (torchrun, accelerate, ftjob-runtime): so does a local
+    # run, when ftjob was started from a virtual environment that is not activated.
+    env["PATH"] = local_path(os.environ.get("PATH", ""))
     if "NEURON_COMPILE_CACHE_URL" in env and not env["NEURON_COMPILE_CACHE_URL"].startswith("s3://"):
         env["NEURON_COMPILE_CACHE_URL"] = str(cache / "neuron")
     if env.get("LD_PRELOAD") and not Path(env["LD_PRELOAD"]).exists():
@@ -154,8 +202,10 @@ def run_local(
     precision: str | None = None,
     quiet: bool = False,
 ) -> int:
-    if job["spec"].get("command"):
-        raise SystemExit("error: ftjob run runs the built-in task; run your own command directly")
+    command: list[str] = list(job["spec"].get("command") or [])
+    if command and not shutil.which(command[0], path=local_path(os.environ.get("PATH", ""))):
+        raise SystemExit(f"error: spec.command[0] {command[0]!r} is not on PATH here (nor a file); install it or "
+                         "give its path in spec.command")
     workdir.mkdir(parents=True, exist_ok=True)
     if precision:
         job["spec"].setdefault("training", {})["precision"] = precision
@@ -166,8 +216,9 @@ def run_local(
     base_env = {**os.environ, **env_extra}
     logs = workdir / "logs"
     logs.mkdir(exist_ok=True)
+    what = f"`{shlex.join(command)}`" if command else "the built-in task"
     print(
-        f"ftjob run: {job['metadata']['name']} — {launcher}, {nodes} node(s) x {procs} process(es), "
+        f"ftjob run: {job['metadata']['name']} ({what}) — {launcher}, {nodes} node(s) x {procs} process(es), "
         f"backend {env_extra['FTJOB_BACKEND']}, OMP_NUM_THREADS={env_extra.get('OMP_NUM_THREADS', 'unset')}\n"
         f"  output {out_dir}\n  logs   {logs}",
         file=sys.stderr,
@@ -177,22 +228,35 @@ def run_local(
         stages.append(("precompile", {"FTJOB_MODE": "precompile"}))
     stages.append(("train", {"FTJOB_MODE": "train"}))
     for stage, stage_env in stages:
-        rc = _run_stage(stage, launcher, nodes, {**base_env, **stage_env}, logs, quiet)
+        plans = [_node_plan(command, launcher, node, nodes, procs, {**base_env, **stage_env})
+                 for node in range(nodes)]
+        rc = _run_stage(stage, plans, logs, quiet)
         if rc != 0:
             return rc
     _print_results(out_dir)
     return 0
 
 
-def _run_stage(stage: str, launcher: str, nodes: int, env: dict[str, str], logs: Path, quiet: bool) -> int:
+def _node_plan(command: list[str], launcher: str, node: int, nodes: int, procs: int,
+               env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of one local node, as its pod's main container runs it (builders/pods.py)."""
+    env = {**env, "FTJOB_NODE_RANK": str(node)}
+    if launcher == "mpi":  # the launcher pod: mpirun with the built-in worker or the job's own command
+        return [*_runtime_cmd(), "mpirun", *(["--", *command] if command else [])], env
+    if not command:
+        return [*_runtime_cmd(), "launch"], env
+    rank_env = command_env(nodes, procs, env["FTJOB_MASTER_ADDR"], int(env["FTJOB_MASTER_PORT"]), node)
+    return list(command), {**env, **rank_env}
+
+
+def _run_stage(stage: str, plans: list[tuple[list[str], dict[str, str]]], logs: Path, quiet: bool) -> int:
     reporter = _Reporter(quiet, stage)
     procs: list[tuple[subprocess.Popen[str], Path, threading.Thread]] = []
-    sub = ["mpirun"] if launcher == "mpi" else ["launch"]
-    for node in range(nodes):
+    for node, (argv, env) in enumerate(plans):
         log_path = logs / f"{stage}-node{node}.log"
         p = subprocess.Popen(
-            [*_runtime_cmd(), *sub],
-            env={**env, "FTJOB_NODE_RANK": str(node)},
+            argv,
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -228,8 +292,7 @@ def _run_stage(stage: str, launcher: str, nodes: int, env: dict[str, str], logs:
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
-    if sys.stderr.isatty() and not quiet:
-        sys.stderr.write("\n")
+    reporter.close()
     return rc
 
 
@@ -248,4 +311,7 @@ def _print_results(out_dir: Path) -> None:
         items = data if isinstance(data, list) else data.get("predictions", data)
         for item in items if isinstance(items, list) else [items]:
             print(f"  {json.dumps(item, ensure_ascii=False)}")
-    print(f"model: {out_dir / 'model'}")
+    if (out_dir / "model").exists():
+        print(f"model: {out_dir / 'model'}")
+    else:
+        print(f"output: {out_dir}")

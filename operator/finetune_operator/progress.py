@@ -6,11 +6,30 @@ Used by the operator (on rank 0's log tail) and by `ftjob run` (on the local std
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from .constants import PROGRESS_PREFIX
 
-_DECODER = json.JSONDecoder()
+# JSON has no NaN or Infinity, but Python's json reads (and writes) them. A diverged loss must never reach the
+# status (the API server stores JSON) or the summary: such values are dropped, as if the line had left them out.
+_NONFINITE = object()
+
+
+def _float(text: str) -> Any:
+    value = float(text)  # '1e999' parses to inf
+    return value if math.isfinite(value) else _NONFINITE
+
+
+_DECODER = json.JSONDecoder(parse_constant=lambda _: _NONFINITE, parse_float=_float)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items() if v is not _NONFINITE}
+    if isinstance(value, list):
+        return [_finite(v) for v in value if v is not _NONFINITE]
+    return value
 _KEEP = ("event", "step", "totalSteps", "epoch", "loss", "samplesPerSecond", "etaSeconds", "learningRate", "time")
 
 
@@ -24,7 +43,7 @@ def parse_line(line: str) -> dict[str, Any] | None:
         data, _ = _DECODER.raw_decode(line[idx + len(PROGRESS_PREFIX) :].lstrip())
     except json.JSONDecodeError:
         return None
-    return data if isinstance(data, dict) else None
+    return _finite(data) if isinstance(data, dict) else None
 
 
 def fold(records: list[dict[str, Any]], previous: dict[str, Any] | None = None) -> dict[str, Any] | None:

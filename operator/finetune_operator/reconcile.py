@@ -4,6 +4,12 @@ plan, and applying a plan twice is harmless (creates of existing objects are 409
 Pods carry the attempt (status.restartCount) they were made for; a group restart bumps restartCount, which turns
 every existing pod stale: stale pods are deleted, and the new attempt's pods are created once their names are
 free again.
+
+Only objects whose controller owner reference carries the job's uid are its children: labels select, they never
+prove. Anything else that carries the job's labels (a previous job of the same name still being garbage
+collected, or an object someone made to be mounted into the job) is foreign: never counted, mounted, deleted or
+adopted, and reported in status.foreignChildren and the ForeignChildren condition. While a foreign object holds
+the name of one of the job's children, the job creates no pods and waits.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import constants as c
-from .builders import Layout, Names, SshKeys, desired, resolve
+from .builders import Layout, Names, SshKeys, desired, owner_reference, resolve
 from .builders.workload import workload as build_workload
 
 TERMINAL = ("Succeeded", "Failed")
@@ -45,8 +51,10 @@ class Plan:
 
 @dataclass(frozen=True)
 class Observed:
-    pods: list[dict[str, Any]]  # pods labelled with the job's name
-    objects: frozenset[str]  # "Kind/name" of the job's Service, ConfigMap, Secret that exist
+    pods: list[dict[str, Any]]  # pods labelled with the job's name, whoever controls them
+    # "Kind/name" of the objects labelled with the job's name (Service, ConfigMap, NetworkPolicy, and the SSH
+    # Secret once the loop made it) -> the uid of their controller owner (None: no controller).
+    objects: Mapping[str, str | None]
     now: datetime
     progress: dict[str, Any] | None = None  # newest progress from rank 0's log, if read
     # Makes the job's SSH identity (MPI). Called only when the job's Secret must be created: the Secret is
@@ -79,6 +87,59 @@ def set_condition(status: dict[str, Any], ctype: str, value: bool, reason: str, 
         conds.append(
             {"type": ctype, "status": new, "reason": reason, "message": message, "lastTransitionTime": iso(now)}
         )
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid in the object's controller owner reference (at most one exists), else None."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """An object labelled as the job's child but not controlled by it (status.foreignChildren)."""
+
+    ref: str  # Kind/name
+    owner: str | None  # its controller's uid
+
+    def entry(self) -> dict[str, str]:
+        kind, _, name = self.ref.partition("/")
+        return {"kind": kind, "name": name, **({"controllerUid": self.owner} if self.owner else {})}
+
+    def describe(self) -> str:
+        return f"{self.ref} ({f'controlled by uid {self.owner}' if self.owner else 'no controller'})"
+
+
+def owned(uid: str, observed: Observed) -> tuple[list[dict[str, Any]], frozenset[str], list[Foreign]]:
+    """Splits what the indexes hold into the job's children (pods, "Kind/name" of the other objects) and the
+    foreign objects that merely carry its labels, sorted by Kind/name."""
+    pods, foreign = [], []
+    for pod in observed.pods:
+        owner = controller_uid(pod)
+        if owner == uid:
+            pods.append(pod)
+        else:
+            foreign.append(Foreign(f"Pod/{pod['metadata']['name']}", owner))
+    objects = frozenset(ref for ref, owner in observed.objects.items() if owner == uid)
+    foreign += [Foreign(ref, owner) for ref, owner in observed.objects.items() if owner != uid]
+    return pods, objects, sorted(foreign, key=lambda f: f.ref)
+
+
+FOREIGN_FIX = "delete them, or delete this job and re-create it under another name"
+
+
+def report_foreign(status: dict[str, Any], foreign: list[Foreign], now: datetime) -> None:
+    """status.foreignChildren and the ForeignChildren condition, cleared once the foreign objects are gone."""
+    if not foreign:
+        status.pop("foreignChildren", None)
+        set_condition(status, "ForeignChildren", False, "None", "no foreign objects carry this job's labels", now)
+        return
+    status["foreignChildren"] = [f.entry() for f in foreign[:32]]
+    msg = ("objects labelled as this job's children are not controlled by it and are ignored (never counted, "
+           f"mounted or deleted): {', '.join(f.describe() for f in foreign[:32])}")
+    set_condition(status, "ForeignChildren", True, "ForeignChildren", msg, now)
 
 
 def _phase(pod: dict[str, Any]) -> str:
@@ -197,7 +258,10 @@ class Pass:
     plan: Plan
     old_phase: str | None
     attempt: int
-    live: list[dict[str, Any]]  # pods not being deleted
+    pods: list[dict[str, Any]]  # the job's own pods (controlled by its uid), deleting ones included
+    objects: frozenset[str]  # "Kind/name" of the job's own other children
+    foreign: list[Foreign]  # objects with the job's labels that it does not control
+    live: list[dict[str, Any]]  # own pods not being deleted
     current: list[dict[str, Any]]  # live pods of this attempt
     stale: list[dict[str, Any]]  # live pods of earlier attempts
 
@@ -331,6 +395,16 @@ def queued(p: Pass) -> Plan | None:
     if not queue:
         return None
     st, now, wl = p.status, p.now, p.observed.workload
+    if wl is not None and controller_uid(wl) != owner_reference(p.job)["uid"]:
+        # Not ours (labels and names never prove it): e.g. the Workload of a deleted job of the same name that
+        # the garbage collector has not removed yet. Wait without reading its admission.
+        p.delete(p.live)
+        msg = (f"Workload {wl['metadata']['name']} exists but is not controlled by this job; waiting for it to go "
+               f"({FOREIGN_FIX})")
+        p.transition("Queued", "ForeignWorkload", msg)
+        set_condition(st, "Queued", True, "ForeignWorkload", msg, now)
+        p.plan.requeue_after = QUEUED_POLL_S
+        return p.plan
     evicted = _wl_condition(wl, "Evicted") if wl else None
     if wl is not None and _wl_condition(wl, "Admitted") and not evicted:
         if p.old_phase == "Queued":
@@ -340,7 +414,7 @@ def queued(p: Pass) -> Plan | None:
         pods = desired(p.job, images=p.config.get("images"), attempt=p.attempt).pods
         p.plan.create.append(build_workload(p.job, p.layout, p.names, pods))
     p.delete(p.live)
-    if wl is not None and evicted and not p.observed.pods and (wl.get("status") or {}).get("admission"):
+    if wl is not None and evicted and not p.pods and (wl.get("status") or {}).get("admission"):
         conds = [dict(x) for x in wl["status"].get("conditions") or []
                  if x.get("type") not in ("QuotaReserved", "Admitted")]  # fmt: skip
         conds += [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
@@ -381,7 +455,7 @@ def group_failure(p: Pass) -> Plan | None:
     other ranks would otherwise hang in collectives until a timeout."""
     st, now, attempt = p.status, p.now, p.attempt
     failed = [pod for pod in p.current if _phase(pod) == "Failed"]
-    failed += [pod for pod in p.observed.pods
+    failed += [pod for pod in p.pods
                if _deleting(pod) and _attempt(pod) == attempt and _phase(pod) not in TERMINAL]  # fmt: skip
     if not failed:
         return None
@@ -425,24 +499,32 @@ def success(p: Pass) -> Plan | None:
 
 def converge(p: Pass) -> Plan:
     """Stale pods go; missing children are created (pods only once their names are free); the phase follows
-    the pods: Precompiling, Running, or Pending/Restarting with the reason pods are not starting."""
+    the pods: Precompiling, Running, or Pending/Restarting with the reason pods are not starting. A name held by
+    a foreign object is never created over, and no pod is created while any is: it would mount what the
+    foreign object holds (its config, its SSH keys) or sit behind its Service."""
     st, now, attempt, observed = p.status, p.now, p.attempt, p.observed
     ssh_secret = f"Secret/{p.names.ssh_secret}"
-    make_keys = p.layout.launcher == "mpi" and ssh_secret not in observed.objects
+    foreign = {f.ref for f in p.foreign}
+    make_keys = p.layout.launcher == "mpi" and ssh_secret not in p.objects and ssh_secret not in foreign
     if make_keys and observed.ssh_keys is None:
         raise ValueError("MPI jobs need Observed.ssh_keys to create their Secret")
     children = desired(p.job, images=p.config.get("images"), attempt=attempt,
                        ssh_keys=observed.ssh_keys() if make_keys and observed.ssh_keys else None,
                        network_policy_config=p.config.get("networkPolicy"))  # fmt: skip
     p.delete(p.stale)
-    stale_names = {pod["metadata"]["name"] for pod in observed.pods}
+    taken = {pod["metadata"]["name"] for pod in p.pods}
+    needed = [f"{obj['kind']}/{obj['metadata']['name']}" for obj in children.all()]
+    if p.layout.launcher == "mpi" and ssh_secret not in needed:  # built only with fresh keys
+        needed.append(ssh_secret)
+    blocked = [ref for ref in needed if ref in foreign]
     for obj in children.objects:
-        if f"{obj['kind']}/{obj['metadata']['name']}" not in observed.objects:
+        ref = f"{obj['kind']}/{obj['metadata']['name']}"
+        if ref not in p.objects and ref not in foreign:
             p.plan.create.append(obj)
     current_names = {pod["metadata"]["name"] for pod in p.current}
-    for pod in children.pods:
+    for pod in children.pods if not blocked else []:
         name = pod["metadata"]["name"]
-        if name not in current_names and name not in stale_names:
+        if name not in current_names and name not in taken:
             p.plan.create.append(pod)
     creates_pods = any(o["kind"] == "Pod" for o in p.plan.create)
     if creates_pods and "startTime" not in st:
@@ -465,9 +547,13 @@ def converge(p: Pass) -> Plan:
         set_condition(st, "Precompiling", False, "Done", "compile cache filled", now)
         set_condition(st, "Restarting", False, "Running", msg, now)
         set_condition(st, "Running", True, "Running", msg, now)
+    elif blocked:
+        msg = (f"waiting: {', '.join(blocked)} already exist(s) but this job does not control them; "
+               f"{FOREIGN_FIX}")
+        p.transition("Pending", "ForeignChildren", msg)
     else:
         problem = _pending_problem(p.current)
-        leftovers = bool(p.stale) or any(_deleting(pod) for pod in observed.pods)
+        leftovers = bool(p.stale) or any(_deleting(pod) for pod in p.pods)
         phase = "Restarting" if p.old_phase == "Restarting" and leftovers else "Pending"
         waiting = "waiting for the previous attempt's pods to terminate" if leftovers else "waiting for pods to start"
         reason = "Unschedulable" if problem and problem.reason == "Unschedulable" else phase
@@ -491,9 +577,12 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
         st["progress"] = observed.progress
     layout = resolve(job)
     st["worldSize"] = layout.world_size
-    live = [pod for pod in observed.pods if not _deleting(pod)]
+    pods, objects, foreign = owned(owner_reference(job)["uid"], observed)  # the uid its children carry
+    report_foreign(st, foreign, observed.now)
+    live = [pod for pod in pods if not _deleting(pod)]
     return Pass(job=job, observed=observed, config=config or {}, layout=layout, names=Names.of(job, layout.launcher),
-                plan=plan, old_phase=old.get("phase"), attempt=attempt, live=live,
+                plan=plan, old_phase=old.get("phase"), attempt=attempt, pods=pods, objects=objects,
+                foreign=foreign, live=live,
                 current=[pod for pod in live if _attempt(pod) == attempt],
                 stale=[pod for pod in live if _attempt(pod) != attempt])  # fmt: skip
 

@@ -35,12 +35,12 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
 def cmd_mpirun(ns: argparse.Namespace) -> int:
     from finetune_runtime.launcher import mpirun_plan, parse_hostfile, write_ssh_config, write_ssh_wrapper
-    from finetune_runtime.sshd import DEFAULT_SECRET_DIR, install_keys, runtime_ssh_dir
+    from finetune_runtime.sshd import DEFAULT_SECRET_DIR, LAUNCHER_KEYS, install_keys, runtime_ssh_dir
 
     ssh_dir = runtime_ssh_dir(os.environ)
     secret = Path(os.environ.get("FTJOB_SSH_SECRET_DIR") or DEFAULT_SECRET_DIR)
     if secret.is_dir():
-        install_keys(secret, ssh_dir, required=("id_ed25519",))
+        install_keys(secret, ssh_dir, required=LAUNCHER_KEYS)
     hostfile = os.environ.get("FTJOB_HOSTFILE", "")
     hosts = [h.host for h in parse_hostfile(Path(hostfile).read_text())] if hostfile else []
     wrapper = write_ssh_wrapper(write_ssh_config(os.environ, hosts, ssh_dir))

@@ -88,7 +88,8 @@ class TaskConfig:
     max_length: int = 128
     doc_stride: int = 128
     labels: list[str] | None = None
-    inference_samples: list[Any] | None = None
+    inference_samples: list[str] | None = None  # text-classification: sentences
+    inference_questions: list[dict[str, str]] | None = None  # question-answering: {question, context}
 
     @property
     def tokenizer_name(self) -> str:
@@ -103,6 +104,7 @@ class TaskConfig:
             raise ConfigError("task.model is required (hub name or local directory)")
         if "dataset" not in d or not isinstance(d["dataset"], dict):
             raise ConfigError("task.dataset is required")
+        samples, questions = _inference(ttype, d)
         return cls(
             type=ttype,
             model=d["model"],
@@ -110,9 +112,28 @@ class TaskConfig:
             max_length=int(d.get("maxLength") or 128),
             doc_stride=int(d.get("docStride") or 128),
             labels=list(d["labels"]) if d.get("labels") else None,
-            inference_samples=list(d["inferenceSamples"]) if d.get("inferenceSamples") else None,
+            inference_samples=samples,
+            inference_questions=questions,
             dataset=DatasetConfig.from_dict(d["dataset"]),
         )
+
+
+def _inference(ttype: str, d: dict[str, Any]) -> tuple[list[str] | None, list[dict[str, str]] | None]:
+    """The inference check's inputs, checked before training so a wrong shape never fails a finished run."""
+    samples, questions = d.get("inferenceSamples") or None, d.get("inferenceQuestions") or None
+    if ttype == QUESTION_ANSWERING:
+        if samples:
+            raise ConfigError("task.inferenceSamples are sentences for text-classification; for "
+                              "question-answering give task.inferenceQuestions: [{question: ..., context: ...}]")
+        for i, q in enumerate(questions or []):
+            if not (isinstance(q, dict) and isinstance(q.get("question"), str) and isinstance(q.get("context"), str)):
+                raise ConfigError(f"task.inferenceQuestions[{i}] must be {{question: <text>, context: <text>}}")
+        return None, [{"question": q["question"], "context": q["context"]} for q in questions or []] or None
+    if questions:
+        raise ConfigError("task.inferenceQuestions apply to question-answering only; give task.inferenceSamples")
+    if samples and not all(isinstance(x, str) for x in samples):
+        raise ConfigError("task.inferenceSamples must be a list of sentences (strings)")
+    return (list(samples) if samples else None), None
 
 
 @dataclass(frozen=True)

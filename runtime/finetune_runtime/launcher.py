@@ -141,7 +141,10 @@ def intel_mpi_env(binary: str, env: Mapping[str, str], which: object = shutil.wh
         return {}
     bin_dir = Path(str(resolved)).resolve().parent
     rest = [p for p in (env.get("PATH") or "").split(":") if p and p != str(bin_dir)]
-    return {"PATH": ":".join([str(bin_dir), *rest]), "I_MPI_ROOT": env.get("I_MPI_ROOT") or str(bin_dir.parent)}
+    # Flat launch at every size: from 128 hosts Hydra's default is a proxy tree in which proxies ssh onward from
+    # worker to worker, and workers hold no client key (each role gets only its own keys).
+    return {"PATH": ":".join([str(bin_dir), *rest]), "I_MPI_ROOT": env.get("I_MPI_ROOT") or str(bin_dir.parent),
+            "I_MPI_HYDRA_BRANCH_COUNT": "-1"}
 
 
 def forwarded_vars(env: Mapping[str, str]) -> list[str]:
@@ -179,7 +182,9 @@ def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root
     if root:
         cmd.append("--allow-run-as-root")
     if ssh_exec:
-        cmd += ["--mca", "plm_rsh_agent", ssh_exec]
+        # No tree spawn: OpenMPI's daemons would otherwise ssh onward from worker to worker, and workers hold
+        # no client key (each role gets only its own keys); the launcher reaches every worker itself.
+        cmd += ["--mca", "plm_rsh_agent", ssh_exec, "--mca", "plm_rsh_no_tree_spawn", "1"]
     for var in forwarded_vars(env):
         cmd += ["-x", var]
     return cmd + worker
@@ -198,14 +203,16 @@ def ssh_config(env: Mapping[str, str], hosts: list[str], ssh_dir: Path) -> str:
     wrapper adds `-F` this file). It lives in the runtime's ssh dir (sshd.runtime_ssh_dir), never in a user's
     ~/.ssh unless that is the runtime's dir (pods).
 
-    `Host *` rather than the hostfile names: OpenMPI's daemons may ssh onward to names in other spellings."""
+    Host keys are checked: the workers' names and host key come from the job's Secret (`known_hosts`, written by
+    the operator), nothing is learnt on first use, and a host missing from it or with another key is refused.
+    Without a Secret (`ftjob run`: one local node, no ssh) the file is absent and any ssh attempt fails."""
     port = env.get("FTJOB_SSH_PORT") or DEFAULT_SSH_PORT
     lines = [f"# written by ftjob-runtime mpirun for: {' '.join(hosts) or 'no hosts'}",
              "Host *", f"  Port {port}", f"  IdentityFile {ssh_dir / 'id_ed25519'}", "  IdentitiesOnly yes",
-             # Host keys come from the job's own Secret, but pods get new IPs on restart: skip known_hosts
-             # bookkeeping rather than failing on a changed address.
-             "  StrictHostKeyChecking no", "  UserKnownHostsFile /dev/null", "  LogLevel ERROR",
-             "  ConnectTimeout 10", "  ServerAliveInterval 30"]
+             "  StrictHostKeyChecking yes", f"  UserKnownHostsFile {ssh_dir / 'known_hosts'}",
+             "  GlobalKnownHostsFile /dev/null", "  UpdateHostKeys no",
+             # Pods get new IPs on restart: keys are pinned to the workers' stable names, not addresses.
+             "  CheckHostIP no", "  LogLevel ERROR", "  ConnectTimeout 10", "  ServerAliveInterval 30"]
     return "\n".join(lines) + "\n"
 
 

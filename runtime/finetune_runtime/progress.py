@@ -41,8 +41,19 @@ def parse_line(line: str) -> dict[str, Any] | None:
     idx = line.find(PREFIX)
     if idx < 0:
         return None
-    data = json.loads(line[idx + len(PREFIX):])
+    data = json.loads(line[idx + len(PREFIX):], parse_constant=_reject_constant, parse_float=_finite_float)
     return data if isinstance(data, dict) else None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"progress lines carry no {name}: JSON has no NaN or Infinity")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"progress lines carry finite numbers only, got {text}")
+    return value
 
 
 def clean_metrics(metrics: dict[str, Any], prefix: str = "eval_") -> dict[str, float]:

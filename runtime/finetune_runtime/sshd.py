@@ -15,8 +15,12 @@ from pathlib import Path
 
 DEFAULT_SECRET_DIR = "/etc/ftjob/ssh"
 DEFAULT_HOME = "/home/ftjob"  # the image user's home (images/common/add-user.sh)
-KEY_MODES = {"id_ed25519": 0o600, "id_ed25519.pub": 0o644, "authorized_keys": 0o600,
+KEY_MODES = {"id_ed25519": 0o600, "id_ed25519.pub": 0o644, "known_hosts": 0o644, "authorized_keys": 0o600,
              "ssh_host_ed25519_key": 0o600, "ssh_host_ed25519_key.pub": 0o644}
+# What each role's part of the Secret must hold (the operator mounts only these: constants.SSH_*_KEYS). The
+# launcher checks the workers' host key against known_hosts; workers hold no client private key.
+LAUNCHER_KEYS = ("id_ed25519", "known_hosts")
+WORKER_KEYS = ("ssh_host_ed25519_key", "authorized_keys")
 
 
 def runtime_ssh_dir(env: Mapping[str, str]) -> Path:
@@ -26,7 +30,7 @@ def runtime_ssh_dir(env: Mapping[str, str]) -> Path:
     return Path(env.get("HOME") or DEFAULT_HOME) / ".ssh"
 
 
-def install_keys(secret_dir: Path, ssh_dir: Path, required: tuple[str, ...] = tuple(KEY_MODES)) -> Path:
+def install_keys(secret_dir: Path, ssh_dir: Path, required: tuple[str, ...]) -> Path:
     ssh_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(ssh_dir, 0o700)
     missing = [n for n in required if not (secret_dir / n).is_file()]
@@ -71,7 +75,7 @@ def sshd_plan(ssh_dir: Path) -> tuple[list[str], Path]:
 
 def prepare_sshd(env: Mapping[str, str]) -> list[str]:
     secret = Path(env.get("FTJOB_SSH_SECRET_DIR") or DEFAULT_SECRET_DIR)
-    d = install_keys(secret, runtime_ssh_dir(env))
+    d = install_keys(secret, runtime_ssh_dir(env), required=WORKER_KEYS)
     # StrictModes also checks the directory above (the home in pods): no group/other write there.
     os.chmod(d.parent, os.stat(d.parent).st_mode & ~0o022)
     argv, cfg = sshd_plan(d)

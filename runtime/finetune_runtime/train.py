@@ -13,14 +13,14 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from finetune_runtime import checkpoints, data, squad
+from finetune_runtime import checkpoints, data, s3sync, squad
 from finetune_runtime.backends import BackendPlan, backend_from_env, optimize_for_backend, plan_backend, prepare_process
 from finetune_runtime.config import QUESTION_ANSWERING, JobConfig, TaskConfig, load_config
 from finetune_runtime.distenv import DistInfo, apply_distributed_env
@@ -189,8 +189,10 @@ def _trainer_classes() -> tuple[Any, Any]:
     class ProgressCallback(TrainerCallback):
         """Progress lines + checkpoint completeness markers + a checkpoint at every epoch end."""
 
-        def __init__(self, emitter: ProgressEmitter, precompile: bool, save_each_epoch: bool) -> None:
+        def __init__(self, emitter: ProgressEmitter, precompile: bool, save_each_epoch: bool,
+                     on_checkpoint: Callable[[Path], str | None] | None = None) -> None:
             self.emitter = emitter
+            self.on_checkpoint = on_checkpoint  # after the marker (rank 0): e.g. the S3 upload; returns a URL
             self.precompile = precompile
             self.save_each_epoch = save_each_epoch
             self.t0 = self.t_last = time.monotonic()
@@ -235,8 +237,10 @@ def _trainer_classes() -> tuple[Any, Any]:
             ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if state.is_world_process_zero and ckpt.is_dir():
                 checkpoints.mark_complete(ckpt)
+                url = self.on_checkpoint(ckpt) if self.on_checkpoint else None
                 self.emitter.emit("checkpoint", step=state.global_step, totalSteps=state.max_steps,
-                                  epoch=round(float(state.epoch or 0), 4), path=str(ckpt))
+                                  epoch=round(float(state.epoch or 0), 4), path=str(ckpt),
+                                  **({"url": url} if url else {}))
 
     class QATrainer(Trainer):
         """Trainer whose evaluate() turns start/end logits into answers and scores them (EM/F1)."""
@@ -491,6 +495,15 @@ def _run_worker() -> int:
         log.info("tokenised dataset %s (%s): %d train / %d eval rows", key, "cache hit" if hit else "built",
                  len(dsets["train"]), len(dsets["validation"]))
 
+    # output.url: /output dies with the pod, so checkpoints go to (and come back from) <url>/checkpoints/.
+    sync = None if precompile else s3sync.from_env(env, SAVE_TOTAL_LIMIT)
+    restored: tuple[Path, str] | None = None
+    if sync is not None:
+        with args.main_process_first(desc="checkpoint download"):  # each node's local rank 0 downloads
+            if info.local_rank == 0:
+                restored = sync.restore(paths.checkpoints)
+        if restored is not None:
+            log.info("downloaded checkpoint %s from %s", restored[0].name, restored[1])
     resume = None if precompile else checkpoints.newest_complete(paths.checkpoints)
     finished = resume is not None and checkpoints.finished_training(resume)
     model = build_model(task, names, tokenizer, weights_from=resume if finished else None)
@@ -504,7 +517,8 @@ def _run_worker() -> int:
         optimizers = (opt, None)
 
     progress_cls, qa_trainer_cls = _trainer_classes()
-    callback = progress_cls(emitter, precompile, save_each_epoch=not precompile)
+    callback = progress_cls(emitter, precompile, save_each_epoch=not precompile,
+                            on_checkpoint=sync.upload if sync is not None else None)
     common: dict[str, Any] = {"model": model, "args": args, "train_dataset": dsets["train"],
                               "eval_dataset": dsets["validation"], "processing_class": tokenizer,
                               "callbacks": [callback], "optimizers": optimizers}
@@ -525,7 +539,7 @@ def _run_worker() -> int:
         trainer.state.max_steps = trainer.state.global_step
     else:
         if resume is not None:
-            log.info("resuming from %s", resume)
+            log.info("resuming from %s%s", resume, f" (downloaded from {restored[1]})" if restored else "")
         train_metrics = trainer.train(resume_from_checkpoint=str(resume) if resume else None).metrics
 
     if precompile:
@@ -549,12 +563,13 @@ def _run_worker() -> int:
                        "globalStep": trainer.state.global_step, "task": task.type, "model": task.model,
                        "backend": plan.name, "worldSize": info.world_size,
                        "trainRows": len(dsets["train"]), "evalRows": len(dsets["validation"]),
-                       "resumedFrom": str(resume) if resume else None}
+                       "resumedFrom": str(resume) if resume else None,
+                       "resumedFromUrl": restored[1] if restored and restored[0] == resume else None}
         (paths.output / "metrics.json").write_text(json.dumps(metrics_doc, indent=2, ensure_ascii=False) + "\n")
         preds: Any
         if task.type == QUESTION_ANSWERING:
             ds, vex = task.dataset, dsets["validation_examples"]
-            samples = task.inference_samples or [
+            samples: list[Any] = list(task.inference_questions or []) or [
                 {"question": ex[ds.question_column], "context": ex[ds.context_column],
                  "gold": list(ex[ds.answers_column]["text"])}
                 for ex in vex.select(range(min(3, len(vex))))

@@ -91,6 +91,9 @@ class Values:
     def service_monitor(self, **fields: Any) -> Values:
         return self.set({"metrics": {"serviceMonitor": {"enabled": True, **fields}}})
 
+    def grafana_dashboard(self, **fields: Any) -> Values:
+        return self.set({"grafanaDashboard": {"enabled": True, **fields}})
+
     def network_policy(self, **fields: Any) -> Values:
         return self.set({"networkPolicy": {"enabled": True, **fields}})
 

@@ -185,20 +185,21 @@ def test_chart_crd_admits_every_sample(kubectl: Kubectl, installed: dict[str, st
 # (verb, resource) pairs the operator uses in a namespace it handles, as the apiserver's RBAC evaluates them.
 OPERATOR_CAN = [
     *[(v, "finetunejobs.finetune.dev") for v in ("get", "list", "watch", "patch", "delete")],
-    *[(v, "finetunejobs.finetune.dev/status") for v in ("get", "patch", "update")],  # resource/subresource
-    *[
-        (v, r)
-        for r in ("pods", "services", "configmaps", "secrets")
-        for v in ("get", "list", "watch", "create", "delete")
-    ],
+    ("patch", "finetunejobs.finetune.dev/status"),  # resource/subresource
+    *[(v, "pods") for v in ("get", "list", "watch", "create", "delete")],
+    *[(v, r) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create")],
+    ("get", "secrets"), ("create", "secrets"),
     ("get", "pods/log"),
-    *[(v, r) for r in ("events", "events.events.k8s.io") for v in ("create", "patch")],
+    *[(v, "events") for v in ("create", "patch")],
     # Installed with networkPolicy.enabled: one NetworkPolicy per job.
-    *[(v, "networkpolicies.networking.k8s.io") for v in ("get", "list", "watch", "create", "delete")],
+    *[(v, "networkpolicies.networking.k8s.io") for v in ("get", "list", "watch", "create")],
 ]
 # What it must not be able to do there: least privilege, not just enough privilege.
 OPERATOR_CANNOT = [("create", "finetunejobs.finetune.dev"), ("update", "finetunejobs.finetune.dev"),
                    ("update", "pods"), ("patch", "pods"), ("patch", "secrets"), ("create", "pods/exec"),
+                   ("list", "secrets"), ("watch", "secrets"), ("delete", "secrets"), ("delete", "configmaps"),
+                   ("delete", "services"), ("delete", "networkpolicies.networking.k8s.io"),
+                   ("update", "finetunejobs.finetune.dev/status"), ("create", "events.events.k8s.io"),
                    ("create", "deployments.apps"), ("create", "roles.rbac.authorization.k8s.io")]  # fmt: skip
 
 
@@ -224,6 +225,7 @@ def test_service_account_has_exactly_the_operator_permissions(kubectl: Kubectl, 
         assert not can(verb, resource, *jobs), f"can {verb} {resource}: more than the operator needs"
     assert can("list", "customresourcedefinitions.apiextensions.k8s.io")
     assert not can("create", "customresourcedefinitions.apiextensions.k8s.io")
+    assert not can("get", "customresourcedefinitions.apiextensions.k8s.io")
     namespaced = installed["mode"] == "namespaced"
     # kopf reads namespaces only when given --namespace flags (see templates/rbac.yaml).
     assert can("watch", "namespaces") is namespaced

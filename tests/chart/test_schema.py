@@ -68,7 +68,8 @@ GOOD_VALUES: list[tuple[str, Values]] = [
     ("ECR image with a tag", Values().set({"runtimeImages": {"trn1": ECR + "/ft/neuron:sdk2.31"}})),
     ("digest", Values().set({"runtimeImages": {"cpu": "localhost:5000/ft/cpu@sha256:" + "a" * 64}})),
     ("RWX among others", Values().cache_pvc(accessModes=["ReadWriteOnce", "ReadWriteMany"], size="1.5Ti")),
-    ("everything on", Values().namespaced("a", "b-2").cache_pvc().service_monitor().network_policy()),
+    ("everything on", Values().namespaced("a", "b-2").cache_pvc().service_monitor().network_policy()
+                      .grafana_dashboard()),
 ]  # fmt: skip
 
 

@@ -113,10 +113,13 @@ class Kubelet:
                 for ev in w.stream(self.core.list_namespaced_pod, self.ns, timeout_seconds=5):
                     pod = ev["object"]
                     if pod.metadata.deletion_timestamp and ev["type"] != "DELETED":
+                        # By uid, as a kubelet does: a new pod of the same name (the next attempt) may exist by now.
+                        only_this = client.V1DeleteOptions(grace_period_seconds=0,
+                                                           preconditions=client.V1Preconditions(uid=pod.metadata.uid))
                         try:
-                            self.core.delete_namespaced_pod(pod.metadata.name, self.ns, grace_period_seconds=0)
+                            self.core.delete_namespaced_pod(pod.metadata.name, self.ns, body=only_this)
                         except ApiException as e:
-                            if e.status != 404:
+                            if e.status not in (404, 409):  # gone, or the name is another pod's now
                                 raise
                     if self._stop.is_set():
                         break

@@ -7,6 +7,7 @@ import copy
 import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -16,7 +17,17 @@ import pytest
 import yaml
 from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
 from kubernetes import client
-from operator_support import NO_KUBELET, Kubelet, NodeLogs, install_crd, is_subset, job_yaml, running_operator
+from operator_support import (
+    NO_KUBELET,
+    Kubelet,
+    NodeLogs,
+    RunningOperator,
+    install_crd,
+    is_subset,
+    job_yaml,
+    running_operator,
+)
+from prometheus_client.parser import text_string_to_metric_families
 
 from finetune_operator.controller import ERROR_BACKOFF_S
 from finetune_operator.k8s import Kube
@@ -41,12 +52,26 @@ def operator_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def operator(crd: None, kubeconfig: Path, wait_for: Any, tmp_path_factory: pytest.TempPathFactory,
-             operator_config: Path) -> Iterator[Path]:
+def operator_process(crd: None, kubeconfig: Path, wait_for: Any, tmp_path_factory: pytest.TempPathFactory,
+                     operator_config: Path) -> Iterator[tuple[Path, RunningOperator]]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with running_operator(kubeconfig, wait_for, log, ["--config", str(operator_config)]):
-        yield log
+    with running_operator(kubeconfig, wait_for, log, ["--config", str(operator_config)]) as op:
+        yield log, op
     print(f"operator log: {log}")
+
+
+@pytest.fixture(scope="module")
+def operator(operator_process: tuple[Path, RunningOperator]) -> Path:
+    """The running operator's log."""
+    return operator_process[0]
+
+
+def job_gauges(op: RunningOperator, ns: str, name: str) -> dict[str, float]:
+    """The per-job gauges the operator's /metrics serves for one job (absent series: absent keys)."""
+    with urllib.request.urlopen(op.metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    return {s.name.removeprefix("finetune_operator_job_"): s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.labels == {"namespace": ns, "job_name": name}}
 
 
 @pytest.fixture
@@ -260,11 +285,13 @@ def test_pending_running_succeeded(operator: Path, kubectl: Any, kube_api: Any, 
     assert {"Pending", "Running", "Completed"} <= reasons
 
 
-def test_progress_from_rank0_log_reaches_status_and_kubectl(operator: Path, kubectl: Any, kube_api: Any,
-                                                            namespace: str, kubelet: Kubelet, cluster: Cluster,
-                                                            wait_for: Any) -> None:
+def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
+        operator_process: tuple[Path, RunningOperator], kubectl: Any, kube_api: Any, namespace: str,
+        kubelet: Kubelet, cluster: Cluster, wait_for: Any) -> None:
     """Rank 0's FTJOB_PROGRESS lines, read through the API server's pods/log from the node serving them, become
-    status.progress and the PROGRESS column, and keep being refreshed with no pod event to wake the operator."""
+    status.progress, the PROGRESS column and the job's Prometheus gauges, and keep being refreshed with no pod
+    event to wake the operator. The gauges go when the job ends."""
+    op = operator_process[1]
     if cluster.pki is None:
         pytest.skip("needs the LocalCluster's CA to serve a node's logs (an external cluster has real kubelets)")
     node = NodeLogs(kube_api, cluster.pki, f"logs-{namespace}"[:63])
@@ -293,6 +320,14 @@ def test_progress_from_rank0_log_reaches_status_and_kubectl(operator: Path, kube
         later = wait_for(lambda: summary().startswith("250/500") and summary(), timeout=40,
                          message="progress 250/500 without any pod event")  # fmt: skip
         assert "accuracy 0.9" in later
+        gauges = wait_for(lambda: (g := job_gauges(op, namespace, "pg")).get("step") == 250 and g, timeout=20,
+                          message="the step gauge at 250")  # fmt: skip
+        # samples/s is the newest train line's (eval lines carry none); the ratio follows the step.
+        assert gauges == {"step": 250, "total_steps": 500, "progress_ratio": 0.5, "samples_per_second": 35.2}
+        for p in pods:
+            kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
+        _wait_phase(kube_api, namespace, "pg", "Succeeded", wait_for)
+        wait_for(lambda: job_gauges(op, namespace, "pg") == {}, timeout=20, message="no series of a finished job")
     finally:
         node.close()
 

@@ -209,12 +209,18 @@ def test_mpi_launcher_and_two_ssh_workers(docker: Docker, image: str, tmp_path: 
     for d in (ssh_dir, out_dir, cache_dir):
         d.mkdir()
         d.chmod(0o777)
-    # The job's key pair and the host key, made with the image's own ssh-keygen (what the operator's Secret holds).
+    # The job's key pair, the host key and the launcher's known_hosts of the workers' names, made with the image's
+    # own ssh-keygen (what the operator's Secret holds), split per role as the pods mount it: the launcher gets the
+    # client key and known_hosts, the workers the host key and authorized_keys.
+    known = " && ".join(f"echo \"[{w}]:2222 $(cut -d' ' -f1,2 ssh_host_ed25519_key.pub)\" >> known_hosts"
+                        for w in workers)
     _sh(
         docker,
         image,
         "cd /k && ssh-keygen -q -t ed25519 -N '' -f id_ed25519 -C job && "
-        "ssh-keygen -q -t ed25519 -N '' -f ssh_host_ed25519_key -C host && cp id_ed25519.pub authorized_keys",
+        "ssh-keygen -q -t ed25519 -N '' -f ssh_host_ed25519_key -C host && cp id_ed25519.pub authorized_keys && "
+        f"{known} && mkdir launcher worker && cp id_ed25519 id_ed25519.pub known_hosts launcher/ && "
+        "cp ssh_host_ed25519_key ssh_host_ed25519_key.pub authorized_keys worker/",
         "-v",
         f"{ssh_dir}:/k",
     )
@@ -257,8 +263,6 @@ def test_mpi_launcher_and_two_ssh_workers(docker: Docker, image: str, tmp_path: 
         "-v",
         f"{tmp_path / 'hostfile'}:/etc/ftjob/hostfile:ro",
         "-v",
-        f"{ssh_dir}:/etc/ftjob/ssh:ro",
-        "-v",
         f"{out_dir}:/output",
         "-v",
         f"{cache_dir}:/cache",
@@ -268,7 +272,9 @@ def test_mpi_launcher_and_two_ssh_workers(docker: Docker, image: str, tmp_path: 
     docker.run(["network", "create", net])
     try:
         for w in workers:
-            docker.run(["run", "-d", "--name", w, "--hostname", w, *common, image, "ftjob-runtime", "sshd"])
+            worker_keys = f"{ssh_dir / 'worker'}:/etc/ftjob/ssh:ro"
+            docker.run(["run", "-d", "--name", w, "--hostname", w, *common, "-v", worker_keys, image,
+                        "ftjob-runtime", "sshd"])
         proc = docker.run(
             [
                 "run",
@@ -276,6 +282,8 @@ def test_mpi_launcher_and_two_ssh_workers(docker: Docker, image: str, tmp_path: 
                 "--name",
                 f"launcher-{run_id}",
                 *common,
+                "-v",
+                f"{ssh_dir / 'launcher'}:/etc/ftjob/ssh:ro",
                 image,
                 "bash",
                 "-c",

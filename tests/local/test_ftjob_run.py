@@ -103,6 +103,9 @@ def test_squad_job_trains_two_ranks_over_mpi(tmp_path: Path, impl: str, request:
     flag = {"mpich": "-launcher-exec", "openmpi": "plm_rsh_agent", "intel": "-bootstrap-exec"}[impl]
     assert f"{flag} {(workdir / 'ssh' / 'ftjob-ssh').resolve()}" in log.splitlines()[0]
     assert f"rank 0 of 2 ({'openmpi' if impl == 'openmpi' else 'hydra'})" in log
+    # The same strict client config as in pods; without a Secret there is no known_hosts, so nothing is trusted.
+    ssh_cfg = [ln.strip() for ln in (workdir / "ssh" / "config").read_text().splitlines()]
+    assert "StrictHostKeyChecking yes" in ssh_cfg and not (workdir / "ssh" / "known_hosts").exists()
 
 
 def test_invalid_job_is_rejected_before_anything_runs(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from finetune_runtime import checkpoints, data, distenv, launcher, progress, squad
 from finetune_runtime.backends import MissingStackError, plan_backend
 from finetune_runtime.config import ConfigError, JobConfig, TaskConfig, load_config
-from finetune_runtime.sshd import install_keys, prepare_sshd, runtime_ssh_dir, sshd_config
+from finetune_runtime.sshd import LAUNCHER_KEYS, install_keys, prepare_sshd, runtime_ssh_dir, sshd_config
 from finetune_runtime.waitfor import Probe, check, wait_for
 
 # --- env mapping ------------------------------------------------------------------------------------------
@@ -99,7 +99,7 @@ def test_intel_mpi_command_uses_its_mpirun_and_env(tmp_path: Path) -> None:
     argv, extra = launcher.mpirun_plan(env, python="/py", which=_which({"mpirun"}))
     assert argv[:8] == [f"{root}/bin/mpirun", "-f", "/etc/ftjob/hostfile", "-n", "4", "-ppn", "2", "-genvall"]
     # Its mpirun runs `mpiexec.hydra` from PATH, which Debian's MPICH also installs: Intel's bin dir goes first.
-    assert extra == {"PATH": f"{root}/bin:/usr/bin:/bin", "I_MPI_ROOT": str(root)}
+    assert extra == {"PATH": f"{root}/bin:/usr/bin:/bin", "I_MPI_ROOT": str(root), "I_MPI_HYDRA_BRANCH_COUNT": "-1"}
     # Without I_MPI_ROOT: an Intel mpirun on PATH, and its prefix becomes I_MPI_ROOT.
     on_path = launcher.mpirun_plan({**env, "I_MPI_ROOT": ""}, python="/py",
                                    which=lambda n: str(root / "bin" / n) if n == "mpirun" else None)
@@ -144,7 +144,8 @@ def test_mpirun_ssh_launcher_flags(tmp_path: Path) -> None:
     ompi = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "openmpi"}, python="/py",
                                    is_root=False, which=which, ssh_exec=w)
     i = ompi.index("--mca")
-    assert ompi[i:i + 3] == ["--mca", "plm_rsh_agent", w]
+    # No tree spawn: workers hold no client key, so only the launcher may ssh.
+    assert ompi[i:i + 6] == ["--mca", "plm_rsh_agent", w, "--mca", "plm_rsh_no_tree_spawn", "1"]
 
 
 def test_ssh_wrapper_uses_our_config(tmp_path: Path) -> None:
@@ -176,7 +177,9 @@ def test_ssh_config_uses_port_and_key(tmp_path: Path) -> None:
     text = cfg.read_text()
     assert cfg == tmp_path / "ssh" / "config"
     assert "Port 2222" in text and f"IdentityFile {tmp_path}/ssh/id_ed25519" in text
-    assert "StrictHostKeyChecking no" in text
+    lines = [ln.strip() for ln in text.splitlines()]
+    assert "StrictHostKeyChecking yes" in lines and f"UserKnownHostsFile {tmp_path}/ssh/known_hosts" in lines
+    assert "GlobalKnownHostsFile /dev/null" in lines and "StrictHostKeyChecking no" not in text
     assert oct(cfg.stat().st_mode & 0o777) == "0o600" and oct(cfg.parent.stat().st_mode & 0o777) == "0o700"
 
 
@@ -450,13 +453,29 @@ def test_config_errors_name_the_key() -> None:
     assert JobConfig.from_dict({"jobName": "byo", "task": None}).task is None
 
 
+def test_qa_inference_inputs_are_checked_before_training() -> None:
+    """Sentences given to a QA job used to crash the inference check after training had finished."""
+    qa = {"type": "question-answering", "model": "m", "dataset": {"path": "p"}}
+    with pytest.raises(ConfigError, match=r"task\.inferenceQuestions"):
+        TaskConfig.from_dict({**qa, "inferenceSamples": ["What is it?"]})
+    with pytest.raises(ConfigError, match=r"task\.inferenceQuestions\[0\]"):
+        TaskConfig.from_dict({**qa, "inferenceQuestions": [{"question": "q"}]})
+    q = {"question": "Who?", "context": "Ann did."}
+    assert TaskConfig.from_dict({**qa, "inferenceQuestions": [q]}).inference_questions == [q]
+    tc = {"type": "text-classification", "model": "m", "dataset": {"path": "p"}}
+    with pytest.raises(ConfigError, match="question-answering only"):
+        TaskConfig.from_dict({**tc, "inferenceQuestions": [q]})
+    assert TaskConfig.from_dict({**tc, "inferenceSamples": ["good"]}).inference_samples == ["good"]
+
+
 # --- sshd keys / wait-for ---------------------------------------------------------------------------------
 
 
 def test_install_keys_fixes_modes(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.mkdir()
-    for n in ("id_ed25519", "id_ed25519.pub", "authorized_keys", "ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
+    for n in ("id_ed25519", "id_ed25519.pub", "known_hosts", "authorized_keys", "ssh_host_ed25519_key",
+              "ssh_host_ed25519_key.pub"):
         (secret / n).write_text(n)
         (secret / n).chmod(0o400)
     home = tmp_path / "home"
@@ -466,15 +485,19 @@ def test_install_keys_fixes_modes(tmp_path: Path) -> None:
     argv = prepare_sshd(env)
     d = home / ".ssh"  # without FTJOB_SSH_DIR: the image user's home, as in pods
     assert argv[-2:] == ["-f", str(d / "sshd_config")] and "Port 2022" in (d / "sshd_config").read_text()
-    install_keys(secret, d)  # idempotent over read-only copies
+    install_keys(secret, d, required=LAUNCHER_KEYS)  # idempotent over read-only copies
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in d.iterdir()}
     assert modes["id_ed25519"] == "0o600" and modes["authorized_keys"] == "0o600"
     assert modes["id_ed25519.pub"] == "0o644" and oct(d.stat().st_mode & 0o777) == "0o700"
+    assert modes["known_hosts"] == "0o644"
     assert not home.stat().st_mode & 0o022  # sshd's StrictModes checks the directory above too
     assert f"AuthorizedKeysFile {d}/authorized_keys" in sshd_config(d, "2222")
     (secret / "authorized_keys").unlink()
     with pytest.raises(FileNotFoundError, match="authorized_keys"):
-        install_keys(secret, tmp_path / "home2" / ".ssh")
+        prepare_sshd({**env, "HOME": str(tmp_path / "home2")})  # a worker's part of the Secret is incomplete
+    (secret / "known_hosts").unlink()
+    with pytest.raises(FileNotFoundError, match="known_hosts"):  # a launcher never trusts on first use
+        install_keys(secret, tmp_path / "home3" / ".ssh", required=LAUNCHER_KEYS)
 
 
 def test_ssh_dir_is_ftjob_ssh_dir_else_home() -> None:

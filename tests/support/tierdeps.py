@@ -10,6 +10,7 @@ installing it).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -20,11 +21,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 IMPI_DIR = ROOT / ".venv-impi"
+# The S3 server the runtime tests start (tests/support/s3server.py); `make versitygw` (mk/runtime.mk) reads this
+# line for the version it builds from the Go module proxy into the cache below.
+VERSITYGW_VERSION = "v1.8.0"
+CACHE = Path(os.environ.get("FTJOB_CACHE") or Path.home() / ".cache" / "finetune-operator")
 
 
 @dataclass(frozen=True)
 class Tool:
-    exe: str  # a name on PATH, or a path below the repository root
+    exe: str  # a name on PATH, or a path below the repository root (or an absolute one: a cache)
     apt: str | None = None  # the Debian package that installs it
     make: str | None = None  # or the make target that does
 
@@ -34,6 +39,7 @@ TOOLS = {
     "openmpi": Tool("mpirun.openmpi", apt="openmpi-bin"),
     "ssh": Tool("ssh", apt="openssh-client"),
     "sshd": Tool("sshd", apt="openssh-server"),
+    "versitygw": Tool(str(CACHE / "versitygw" / VERSITYGW_VERSION / "bin" / "versitygw"), make="versitygw"),
 }
 MPI_IMPLEMENTATIONS = ("mpich", "openmpi", "intel")
 

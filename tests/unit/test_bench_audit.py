@@ -43,3 +43,18 @@ def test_missing_log_counts_nothing(tmp_path: Path) -> None:
 def test_policy_records_only_the_user() -> None:
     rules = policy_for_user("bench-operator")["rules"]
     assert rules[0] == {"level": "Metadata", "users": ["bench-operator"]} and rules[-1] == {"level": "None"}
+
+
+def test_permissions_used_in_rbac_terms(tmp_path: Path) -> None:
+    from auditlog import permissions_used
+
+    log = tmp_path / "audit.log"
+    log.write_text("\n".join([
+        event("op", "watch", stage="ResponseStarted", resource="pods"),
+        event("op", "patch", resource="finetunejobs", subresource="status", apiGroup="finetune.dev"),
+        event("op", "get", resource="pods", subresource="log"),
+        event("op", "get"),  # discovery: no objectRef
+        event("other", "delete", resource="secrets"),
+    ]) + "\n")  # fmt: skip
+    assert permissions_used(log, "op") == {("", "pods", "watch"), ("finetune.dev", "finetunejobs/status", "patch"),
+                                           ("", "pods/log", "get")}  # fmt: skip

@@ -14,6 +14,7 @@ from ftjobs import SAMPLES, load_sample, make_job
 from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys, desired
 from finetune_operator.cli import dump_yaml_stream
+from finetune_operator.constants import LABEL_ROLE
 
 GOLDEN = Path(__file__).parent / "golden"
 KEYS = SshKeys("PRIVATE KEY\n", "ssh-ed25519 AAAA user\n", "HOST PRIVATE KEY\n", "ssh-ed25519 BBBB host\n")
@@ -150,7 +151,38 @@ def test_ssh_secret_is_immutable_and_complete() -> None:
     assert secret["immutable"] is True
     assert base64.b64decode(secret["data"]["authorized_keys"]).decode() == KEYS.public_key
     assert set(secret["data"]) == {"id_ed25519", "id_ed25519.pub", "authorized_keys", "ssh_host_ed25519_key",
-                                   "ssh_host_ed25519_key.pub"}
+                                   "ssh_host_ed25519_key.pub", "known_hosts"}
+
+
+def test_known_hosts_lists_every_worker_name_with_the_host_key() -> None:
+    c = render(make_job("kh", namespace="team").nodes(3).procs(2).launcher("mpi", "mpich").classification().build())
+    secret = next(o for o in c.objects if o["kind"] == "Secret")
+    known = base64.b64decode(secret["data"]["known_hosts"]).decode()
+    # Each worker's hostfile name and short Service name, at the sshd port; the key without its comment.
+    assert known.splitlines() == [
+        f"[kh-worker-{i}.kh.team.svc]:2222,[kh-worker-{i}.kh]:2222 ssh-ed25519 BBBB" for i in range(3)
+    ]
+    hosts = [ln.split(":")[0] for ln in next(o for o in c.objects if o["kind"] == "ConfigMap")["data"][
+        "hostfile"].splitlines()]
+    assert all(f"[{h}]:2222," in known for h in hosts)
+
+
+def test_each_mpi_role_mounts_only_its_own_keys() -> None:
+    """The launcher (ssh client) gets the client key and known_hosts; workers (sshd) get the host key and
+    authorized_keys, never the client's private key."""
+    c = render(load_sample("xeon-distilbert-squad"))
+    want = {"launcher": ["id_ed25519", "id_ed25519.pub", "known_hosts"],
+            "worker": ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub", "authorized_keys"]}
+    roles = set()
+    for p in c.pods:
+        role = p["metadata"]["labels"][LABEL_ROLE]
+        roles.add(role)
+        vol = next(v for v in p["spec"]["volumes"] if v["name"] == "ssh")["secret"]
+        assert [i["key"] for i in vol["items"]] == want[role], p["metadata"]["name"]
+        assert all(i["path"] == i["key"] for i in vol["items"]) and vol["defaultMode"] == 0o400
+    assert roles == {"launcher", "worker"}
+    secret = next(o for o in c.objects if o["kind"] == "Secret")
+    assert set(want["launcher"]) | set(want["worker"]) == set(secret["data"]), "every key is mounted somewhere"
 
 
 def test_nvidia_gpus_and_efa_without_fi_vars() -> None:
@@ -177,15 +209,22 @@ def test_bring_your_own_command_gets_rank_env_only() -> None:
     assert ctr["command"] == ["python", "train.py"]
     env = env_of(ctr)
     assert env["MASTER_ADDR"] == "byo-rank-0.byo.default.svc" and env["NODE_RANK"] == "1"
+    # torchrun's own defaults (Kubeflow's PyTorchJob sets the same): a bare `torchrun train.py` joins one world.
+    assert {k: v for k, v in env.items() if k.startswith("PET_")} == {
+        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "byo-rank-0.byo.default.svc", "PET_MASTER_PORT": "29500"}
+    builtin = render(make_job("own").nodes(2).classification().build())  # the runtime's launch passes flags
+    assert not any(k.startswith("PET_") for k in env_of(pod(builtin, "own-rank-1")["spec"]["containers"][0]))
     cfg = next(o for o in c.objects if o["kind"] == "ConfigMap")
     assert '"task": null' in cfg["data"]["config.json"]
 
 
 def test_user_env_wins_and_hf_token_from_secret() -> None:
-    job = make_job().classification().set("spec.env", [{"name": "OMP_NUM_THREADS", "value": "7"}]).set(
+    job = make_job().classification().set("spec.env", [{"name": "TOKENIZERS_PARALLELISM", "value": "false"}]).set(
         "spec.hfTokenSecretRef", {"name": "hf"}).build()
     env = render(job).pods[0]["spec"]["containers"][0]["env"]
-    assert [e for e in env if e["name"] == "OMP_NUM_THREADS"] == [{"name": "OMP_NUM_THREADS", "value": "7"}]
+    assert [e for e in env if e["name"] == "TOKENIZERS_PARALLELISM"] == [
+        {"name": "TOKENIZERS_PARALLELISM", "value": "false"}]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in env
 
 
@@ -261,6 +300,48 @@ def test_network_policy_isolates_each_job_when_enabled() -> None:
     import kubernetes_validate
 
     assert kubernetes_validate.validate(np, PINNED_K8S, strict=True) == PINNED_K8S
+
+
+def test_cpu_quantities_in_any_unit_size_threads() -> None:
+    for cpu, threads in (("2k", "2000"), ("4", "4"), ("3500m", "3"), ("8e0", "8"), (6, "6")):
+        job = make_job().classification().set("spec.hardware.resources", {"requests": {"cpu": cpu}}).build()
+        ctr = render(job).pods[0]["spec"]["containers"][0]
+        assert env_of(ctr)["OMP_NUM_THREADS"] == threads, cpu
+        assert ctr["resources"]["requests"]["cpu"] == str(cpu)  # `cpu: 6` in the spec, "6" in the pod
+
+
+def test_a_derived_request_is_lowered_to_the_users_limit() -> None:
+    """xeon-amx sizes requests from the instance; a lower user limit must not leave request > limit, which the
+    API server refuses."""
+    job = (make_job().profile("xeon-amx").instance("m7i.metal-48xl").classification()
+           .set("spec.hardware.resources", {"limits": {"cpu": "8", "memory": "16Gi"}}).build())
+    res = render(job).pods[0]["spec"]["containers"][0]["resources"]
+    assert res["requests"]["cpu"] == "8" and res["limits"]["cpu"] == "8"
+    assert res["requests"]["memory"] == "16Gi"
+
+
+def test_each_job_mounts_only_its_own_directory_of_a_shared_output_claim() -> None:
+    def output_mount(name: str, namespace: str, path: str | None) -> tuple[str, dict[str, Any]]:
+        job = make_job(name, namespace).classification().set("spec.output", {"claimName": "results"})
+        if path:
+            job.set("spec.output.path", path)
+        ctr = render(job.build()).pods[0]["spec"]["containers"][0]
+        mount = next(m for m in ctr["volumeMounts"] if m["name"] == "output")
+        return env_of(ctr)["FTJOB_OUTPUT_DIR"], mount
+
+    out, mount = output_mount("a", "team-1", "bert/run/")
+    assert out == mount["mountPath"] == "/output" and mount["subPath"] == "bert/run/team-1/a"
+    # Same claim and path: another job, or the same name in another namespace, gets another directory.
+    assert output_mount("b", "team-1", "bert/run")[1]["subPath"] == "bert/run/team-1/b"
+    assert output_mount("a", "team-2", "bert/run")[1]["subPath"] == "bert/run/team-2/a"
+    assert output_mount("a", "team-1", None)[1]["subPath"] == "team-1/a"
+
+
+def test_the_compile_cache_claim_is_shared_whole_on_purpose() -> None:
+    job = make_job("a", "ns").classification().cache(claimName="finetune-cache").build()
+    ctr = render(job).pods[0]["spec"]["containers"][0]
+    mount = next(m for m in ctr["volumeMounts"] if m["name"] == "cache")
+    assert mount == {"name": "cache", "mountPath": "/cache"}  # jobs reuse each other's compiled graphs
 
 
 def test_workload_has_one_pod_set_per_role_sized_like_the_pods() -> None:

@@ -13,8 +13,9 @@ from typing import Any
 import kopf
 import pytest
 from ftjobs import make_job
+from prometheus_client import REGISTRY
 
-from finetune_operator import controller, handlers
+from finetune_operator import controller, handlers, metrics
 from finetune_operator.controller import (
     ERROR_BACKOFF_S,
     IDLE_REQUEUE_S,
@@ -23,6 +24,7 @@ from finetune_operator.controller import (
     JobLoop,
     Loops,
 )
+from finetune_operator.refusal import Refused
 
 NS, NAME = "ns", "j"
 PROGRESS_LINE = 'FTJOB_PROGRESS {"event":"train","step":%d,"totalSteps":10,"loss":0.5}\n'
@@ -104,8 +106,8 @@ class World:
         self.loop = JobLoop(NS, NAME, self.api, {}, clock=self.clock, now=lambda: datetime(2026, 12, 2, 10))
 
     def children(self) -> Children:
-        return list(self.pods), frozenset(f"{o['kind']}/{o['metadata']['name']}" for o in self.api.created
-                                          if o["kind"] != "Pod")  # fmt: skip
+        return list(self.pods), {f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["ownerReferences"][0]["uid"]
+                                 for o in self.api.created if o["kind"] != "Pod"}  # fmt: skip
 
     def step(self) -> controller.Pause:
         return self.loop.step(self.children)
@@ -178,6 +180,33 @@ def test_error_backoff_grows_ignores_wake_ups_and_shows_in_status() -> None:
     assert pause == controller.Pause(IDLE_REQUEUE_S, wakeable=True) and w.loop.failures == 0
     cond = {c["type"]: c for c in w.api.job["status"]["conditions"]}["ReconcileError"]
     assert cond["status"] == "False" and cond["reason"] == "Recovered"
+
+
+def test_a_pod_refused_as_invalid_fails_the_job_once_without_retry_fake_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake API (no API server in this tier): the create raises what k8s.Kube raises on a 422;
+    tests/controlplane/test_validation_cluster.py has the real server refuse a real pod."""
+    w = World()
+    refused = Refused("Pod", "j-rank-1", 422, 'Pod "j-rank-1" is invalid: spec.affinity: Invalid value')
+    creates = 0
+
+    def create(obj: dict[str, Any]) -> bool:
+        nonlocal creates
+        creates += 1
+        if obj["metadata"]["name"] == "j-rank-1":
+            raise refused
+        return True
+
+    monkeypatch.setattr(w.api, "create", create)
+    pause = w.step()
+    st = w.api.job["status"]
+    assert (st["phase"], st["reason"]) == ("Failed", "InvalidSpec")
+    assert "spec.affinity: Invalid value" in st["message"] and "Pod j-rank-1 (422)" in st["message"]
+    assert ("Warning", "InvalidSpec") in w.api.events
+    assert w.loop.failures == 0 and pause.seconds == IDLE_REQUEUE_S  # no error backoff loop
+    tried = creates
+    w.clock.advance(IDLE_REQUEUE_S)
+    w.step()
+    assert creates == tried  # a Failed job creates nothing again
 
 
 def test_an_error_while_recording_the_error_still_backs_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -299,3 +328,74 @@ def test_the_daemon_reads_children_only_from_registered_indexes() -> None:
     assert "job_daemon" in {str(h.id) for h in registry._spawning.get_all_handlers()}
     # The NetworkPolicy index is added by run_operator() when the config enables policies, before kopf runs.
     assert handlers._index_ids({"networkPolicy": {"enabled": True}})[-1] == "job_networkpolicies"
+
+
+# -- Prometheus gauges: set from the progress the loop reads (the real parser on rank 0's log text), read back
+# -- from the real registry that /metrics serves.
+def gauges() -> dict[str, float | None]:
+    labels = {"namespace": NS, "job_name": NAME}
+    return {g: REGISTRY.get_sample_value(f"finetune_operator_job_{g}", labels)
+            for g in ("step", "total_steps", "progress_ratio", "samples_per_second")}
+
+
+NONE = dict.fromkeys(("step", "total_steps", "progress_ratio", "samples_per_second"))
+TRAIN_LINE = 'FTJOB_PROGRESS {"event":"train","step":%d,"totalSteps":40,"loss":0.5,"samplesPerSecond":%s}\n'
+
+
+def training_world() -> World:
+    """A Running job whose rank 0 has logged step 10 of 40 at 32 samples/s."""
+    metrics.clear_job(NS, NAME)
+    w = World()
+    w.step()
+    w.running()
+    w.api.log = "ftjob-runtime launch: torchrun ...\n" + TRAIN_LINE % (10, "32.0")
+    w.loop.wake()
+    w.step()  # Pending -> Running: followed from now on
+    assert w.api.job["status"]["phase"] == "Running" and gauges() == NONE
+    w.loop.wake()
+    w.step()  # a pass of a Running job reads rank 0's log
+    return w
+
+
+def test_progress_and_throughput_gauges_follow_a_training_job_and_clear_when_it_ends() -> None:
+    w = training_world()
+    assert gauges() == {"step": 10, "total_steps": 40, "progress_ratio": 0.25, "samples_per_second": 32.0}
+    w.api.log += TRAIN_LINE % (30, "40.5")
+    w.clock.advance(PROGRESS_EVERY_S)
+    w.step()  # a progress refresh between passes
+    assert gauges() == {"step": 30, "total_steps": 40, "progress_ratio": 0.75, "samples_per_second": 40.5}
+    for pod in w.pods:
+        pod["status"]["phase"] = "Succeeded"
+    w.loop.wake()
+    w.step()
+    assert w.api.job["status"]["phase"] == "Succeeded"
+    assert gauges() == NONE  # no stale series of a finished job
+
+
+def test_gauges_clear_when_the_job_is_deleted_or_its_loop_stops() -> None:
+    w = training_world()
+    w.api.job["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    w.loop.wake()
+    w.step()
+    assert gauges() == NONE
+    w = training_world()
+    loops = Loops()
+    with loops.running(w.loop):
+        w.clock.advance(PROGRESS_EVERY_S)
+        w.step()
+        assert gauges()["step"] == 10
+    assert gauges() == NONE  # the daemon ended (job gone, operator stopping): its series go too
+
+
+def test_a_precompile_trial_run_is_not_training_progress() -> None:
+    metrics.set_job_progress(NS, NAME, {"event": "train", "step": 3, "totalSteps": 6})
+    metrics.set_job_progress(NS, NAME, {"event": "precompile", "step": 4, "totalSteps": 16})
+    assert gauges() == NONE
+
+
+def test_exported_names_are_what_metrics_serves() -> None:
+    metrics.set_job_progress(NS, NAME, {"event": "train", "step": 1, "totalSteps": 2, "samplesPerSecond": 1.0})
+    metrics.TRANSITIONS.labels(phase="Running", reason="Started")
+    served = {s.name for fam in REGISTRY.collect() for s in fam.samples if s.name.startswith("finetune_operator_")}
+    metrics.clear_job(NS, NAME)
+    assert served == metrics.exported_names()

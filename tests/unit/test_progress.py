@@ -1,3 +1,7 @@
+import json
+
+import pytest
+
 from finetune_operator import progress
 
 LOG = """\
@@ -36,3 +40,27 @@ def test_text_joined_after_the_object_is_ignored() -> None:
     # Another MPI rank's output can land on the same launcher line after the newline-less write.
     rec = progress.parse_line('FTJOB_PROGRESS {"event":"train","step":7}[1] warning: something')
     assert rec == {"event": "train", "step": 7}
+
+
+def test_nan_and_infinity_are_dropped() -> None:
+    """Python's json reads NaN, Infinity and 1e999; a diverged loss must not reach the status or the summary."""
+    text = ('FTJOB_PROGRESS {"event":"train","step":5,"totalSteps":10,"loss":0.5}\n'
+            'FTJOB_PROGRESS {"event":"train","step":6,"totalSteps":10,"loss":NaN,"etaSeconds":Infinity,'
+            '"samplesPerSecond":-Infinity,"metrics":{"accuracy":1e999,"f1":0.5},"learningRate":[1e999, 0.1]}\n')
+    p = progress.from_text(text)
+    assert p is not None
+    assert p["step"] == 6 and p["loss"] == 0.5  # the older finite loss stays
+    assert "etaSeconds" not in p and "samplesPerSecond" not in p
+    assert p["metrics"] == {"f1": 0.5} and p["learningRate"] == [0.1]
+    json.dumps(p, allow_nan=False)  # what reaches the API server is plain JSON
+    assert "nan" not in p["summary"] and "inf" not in p["summary"]
+
+
+def test_runtime_parser_rejects_nan_and_infinity() -> None:
+    from finetune_runtime.progress import format_line, parse_line
+
+    for bad in ("NaN", "Infinity", "-Infinity", "1e999"):
+        with pytest.raises(ValueError):
+            parse_line('FTJOB_PROGRESS {"event":"train","loss":' + bad + "}")
+    # The runtime writes a diverged loss as null, never as NaN.
+    assert parse_line(format_line("train", loss=float("nan"), step=1)) == {"event": "train", "loss": None, "step": 1}

@@ -24,14 +24,14 @@ class World:
         self.job["metadata"].setdefault("uid", "uid-1")
         self.job["status"] = {}
         self.pods: dict[str, dict[str, Any]] = {}
-        self.objects: set[str] = set()
+        self.objects: dict[str, str | None] = {}  # Kind/name -> controller uid, as the indexes hold them
         self.now = T0
         self.deleted_job = False
         self.workload: dict[str, Any] | None = None  # the Kueue Workload, as created by a plan
 
     def step(self, progress: dict[str, Any] | None = None, seconds: float = 1) -> Plan:
         self.now += timedelta(seconds=seconds)
-        plan = reconcile(self.job, Observed(list(copy.deepcopy(self.pods).values()), frozenset(self.objects),
+        plan = reconcile(self.job, Observed(list(copy.deepcopy(self.pods).values()), dict(self.objects),
                                             self.now, progress, lambda: KEYS, copy.deepcopy(self.workload)))
         for name in plan.delete_pods:
             self.pods[name]["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
@@ -44,7 +44,7 @@ class World:
                 self.workload = copy.deepcopy(obj) | {"status": {}}
                 self.workload["metadata"]["resourceVersion"] = "1"
             else:
-                self.objects.add(f"{obj['kind']}/{obj['metadata']['name']}")
+                self.objects[f"{obj['kind']}/{obj['metadata']['name']}"] = obj["metadata"]["ownerReferences"][0]["uid"]
         self.job["status"] = plan.status
         self.deleted_job = plan.delete_job
         return plan
@@ -306,9 +306,9 @@ def test_own_deletions_are_not_failures() -> None:
 
 def test_network_policy_created_with_the_other_objects_when_configured() -> None:
     w = World(job2())
-    plan = reconcile(w.job, Observed([], frozenset(), T0, None, lambda: KEYS), {"networkPolicy": {"enabled": True}})
+    plan = reconcile(w.job, Observed([], {}, T0, None, lambda: KEYS), {"networkPolicy": {"enabled": True}})
     assert "NetworkPolicy" in {o["kind"] for o in plan.create}
-    plan = reconcile(w.job, Observed([], frozenset(), T0, None, lambda: KEYS), {})
+    plan = reconcile(w.job, Observed([], {}, T0, None, lambda: KEYS), {})
     assert "NetworkPolicy" not in {o["kind"] for o in plan.create}
 
 

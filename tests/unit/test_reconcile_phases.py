@@ -17,6 +17,12 @@ from finetune_operator.reconcile import Observed, Pass, begin
 
 T0 = datetime(2026, 12, 2, 10, 0, 0)
 KEYS = SshKeys("k", "p", "hk", "hp")
+OWNER = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "name": "j", "uid": "uid-1", "controller": True}
+
+
+def own(*refs: str) -> dict[str, str | None]:
+    """"Kind/name" of objects the job (uid-1) controls, as the indexes hold them."""
+    return dict.fromkeys(refs, "uid-1")
 
 
 def job(status: dict[str, Any] | None = None, mpi: bool = False, **run_policy: Any) -> dict[str, Any]:
@@ -33,7 +39,7 @@ def pod(name: str, phase: str, attempt: int = 0, rank: int | None = None, role: 
     labels = {"finetune.dev/attempt": str(attempt), "finetune.dev/role": role}
     if rank is not None:
         labels["finetune.dev/rank"] = str(rank)
-    meta: dict[str, Any] = {"name": name, "labels": labels}
+    meta: dict[str, Any] = {"name": name, "labels": labels, "ownerReferences": [OWNER]}
     if deleting:
         meta["deletionTimestamp"] = "2026-12-02T10:00:00Z"
     return {"metadata": meta, "status": {"phase": phase, **status}}
@@ -43,9 +49,9 @@ def ranks(phase: str, attempt: int = 0, **status: Any) -> list[dict[str, Any]]:
     return [pod(f"j-rank-{i}", phase, attempt, rank=i, **status) for i in range(2)]
 
 
-def start(j: dict[str, Any], pods: list[dict[str, Any]] | None = None, objects: frozenset[str] = frozenset(),
+def start(j: dict[str, Any], pods: list[dict[str, Any]] | None = None, objects: dict[str, str | None] | None = None,
           now: datetime = T0, keys: Any = lambda: KEYS) -> Pass:
-    return begin(j, Observed(pods or [], objects, now, None, keys))
+    return begin(j, Observed(pods or [], objects or {}, now, None, keys))
 
 
 # -- terminal ------------------------------------------------------------------------------------------------
@@ -72,7 +78,7 @@ def test_finished_jobs_never_build_their_children(monkeypatch: pytest.MonkeyPatc
         raise AssertionError("desired() built for a finished job")
 
     monkeypatch.setattr(rec, "desired", fail)
-    plan = rec.reconcile(job({"phase": "Succeeded"}), Observed(ranks("Succeeded"), frozenset(), T0))
+    plan = rec.reconcile(job({"phase": "Succeeded"}), Observed(ranks("Succeeded"), {}, T0))
     assert plan.create == [] and plan.status["worldSize"] == 2
 
 
@@ -168,7 +174,7 @@ def scheduled_false(reason: str, message: str) -> dict[str, Any]:
 
 
 def test_unschedulable_reason_comes_from_the_pod_condition() -> None:
-    objects = frozenset({"Service/j", "ConfigMap/j-config"})
+    objects = own("Service/j", "ConfigMap/j-config")
     pods = ranks("Pending", **scheduled_false("Unschedulable", "0/3 nodes are available"))
     plan = rec.converge(start(job({"phase": "Pending"}), pods, objects))
     assert plan.status["reason"] == "Unschedulable"
@@ -191,7 +197,7 @@ def test_mpi_keys_are_made_only_when_the_secret_must_be_created() -> None:
     plan = rec.converge(start(j, keys=keys))
     assert len(made) == 1 and f"{name}-ssh" in {o["metadata"]["name"] for o in plan.create if o["kind"] == "Secret"}
     # Every later pass finds the Secret and makes no key pair.
-    objects = frozenset({f"Service/{name}", f"ConfigMap/{name}-config", f"Secret/{name}-ssh"})
+    objects = own(f"Service/{name}", f"ConfigMap/{name}-config", f"Secret/{name}-ssh")
     for _ in range(3):
         plan = rec.reconcile(j, Observed([], objects, T0, None, keys))
         assert "Secret" not in {o["kind"] for o in plan.create}
@@ -202,7 +208,7 @@ def test_torchrun_jobs_never_make_keys() -> None:
     def keys() -> SshKeys:
         raise AssertionError("keys made for a torchrun job")
 
-    plan = rec.reconcile(job({}), Observed([], frozenset(), T0, None, keys))
+    plan = rec.reconcile(job({}), Observed([], {}, T0, None, keys))
     assert plan.create
 
 

@@ -139,3 +139,43 @@ def test_readme_example_job_is_valid_and_reads_data_files() -> None:
     for job in jobs:
         ds = validate(job)["spec"]["task"]["dataset"]
         assert ds["dataFiles"]["train"].startswith("hf://datasets/mteb/amazon_reviews_multi/ja/")
+
+
+def test_reserved_env_is_derived_from_what_the_builders_set() -> None:
+    from finetune_operator.builders.reserved_env import reserved_env
+
+    table = reserved_env()
+    assert "LD_PRELOAD" in table["xeon-amx"] and "LD_PRELOAD" not in table["cpu"]  # tcmalloc: xeon profile only
+    assert "OMP_NUM_THREADS" in table["cpu"] and "MASTER_ADDR" in table["cpu"]
+    assert "NEURON_RT_ROOT_COMM_ID" in table["trn1"]
+    for profile in ("cpu", "xeon-amx"):
+        job = make_job().profile(profile).classification().set("spec.env", [{"name": "LD_PRELOAD", "value": "x"}])
+        if profile == "cpu":
+            validate(job.build())  # nothing sets LD_PRELOAD on cpu: the user's own is fine
+        else:
+            with pytest.raises(InvalidSpec, match="may not set variables the operator sets: FTJOB_"):
+                validate(job.build())
+
+
+def test_hf_token_is_reserved_only_with_hf_token_secret_ref() -> None:
+    token = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+    validate(make_job().classification().set("spec.env", token).build())
+    with pytest.raises(InvalidSpec) as exc:
+        validate(make_job().classification().set("spec.env", token).set("spec.hfTokenSecretRef", {"name": "hf"})
+                 .build())
+    assert [e.field for e in exc.value.errors] == ["spec.env"]
+
+
+def test_every_ftjob_variable_is_reserved_even_one_not_set_yet() -> None:
+    with pytest.raises(InvalidSpec, match="FTJOB_"):
+        validate(make_job().classification().set("spec.env", [{"name": "FTJOB_FUTURE", "value": "1"}]).build())
+
+
+def test_render_reports_unreadable_input_without_a_traceback(tmp_path) -> None:
+    for text, expect in (("a: [", "is not valid YAML"), ("metadata: x\nspec: {}\n", "metadata: must be of type object"),
+                         ("- 1\n- 2\n", "every document must be a FineTuneJob mapping")):
+        path = tmp_path / "job.yaml"
+        path.write_text(text)
+        r = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and expect in r.stderr, r.stderr

@@ -98,7 +98,8 @@ Call with (list $ explicitList).
 
 {{/*
 What the operator does in a namespace that holds FineTuneJobs. Bound cluster-wide in cluster mode, or
-through one Role per watched namespace. Every verb is used by the operator; nothing more is granted.
+through one Role per watched namespace. Exactly the verbs the operator is seen to use in the API server's
+audit log (tests/controlplane/test_rbac_audit.py fails on a grant never used and on a use never granted).
 */}}
 {{- define "finetune-operator.namespacedRules" -}}
 # FineTuneJobs: kopf lists and watches them and patches metadata (its finalizer and the
@@ -108,13 +109,13 @@ through one Role per watched namespace. Every verb is used by the operator; noth
 - apiGroups: ["finetune.dev"]
   resources: ["finetunejobs"]
   verbs: ["get", "list", "watch", "patch", "delete"]
-# Status subresource: phase, conditions and progress are written by merge patch, or replaced whole by
-# update; get reads it back after a 409 before deciding whether to retry.
+# Status subresource: phase, conditions and progress, written by merge patch only.
 - apiGroups: ["finetune.dev"]
   resources: ["finetunejobs/status"]
-  verbs: ["get", "patch", "update"]
-# Rank, launcher and worker pods: created from the job, watched for phase and exit codes, deleted on
-# restart/suspend (owner references let the garbage collector clean up after job deletion).
+  verbs: ["patch"]
+# Rank, launcher and worker pods: created from the job, watched (label-filtered) for phase and exit codes,
+# deleted on restart/suspend/finish, read back by name after a 409 to check the job controls it. The garbage
+# collector deletes them with the job (owner references).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
@@ -122,20 +123,20 @@ through one Role per watched namespace. Every verb is used by the operator; noth
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
-# Per-job children: the headless Service (stable rank DNS names), ConfigMap {job}-config (config.json,
-# hostfile) and Secret {job}-ssh (MPI keys). Never edited in place: the operator creates them, lists
-# and watches them (label-filtered, for its in-memory indexes), reads one back after a 409 to check
-# that the job owns it, and deletes on clean-up (the garbage collector also removes them with the job,
-# through owner references).
+# The headless Service (stable rank DNS names) and ConfigMap {job}-config (config.json, hostfile): created
+# once, never edited or deleted by the operator (the garbage collector removes them with the job), listed and
+# watched label-filtered for its in-memory indexes, read back by name after a 409.
 - apiGroups: [""]
-  resources: ["services", "configmaps", "secrets"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-# Events on the FineTuneJob (phase changes, restarts, reconcile errors), posted through the core API;
-# the same verbs in events.k8s.io, the API newer clients post through; patch aggregates repeats.
+  resources: ["services", "configmaps"]
+  verbs: ["get", "list", "watch", "create"]
+# Secret {job}-ssh (an MPI job's SSH identity): created once, read back by name after a 409. Never listed or
+# watched, so the operator cannot enumerate the namespace's Secrets.
 - apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+# Events on the FineTuneJob (phase changes, restarts, reconcile errors), posted through the core API; patch
+# aggregates repeats.
+- apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
 # Kueue (jobs with runPolicy.queueName): the job's Workload is created, read every pass while queued (and
@@ -149,10 +150,10 @@ through one Role per watched namespace. Every verb is used by the operator; noth
   verbs: ["patch"]
 {{- if .Values.networkPolicy.enabled }}
 # networkPolicy.enabled: one NetworkPolicy per job ({job}: ingress only from that job's pods), created,
-# listed by the job's labels and read back after a 409 like the other children; the garbage collector
+# watched by the job's labels and read back after a 409 like the other children; the garbage collector
 # deletes it with the job.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create"]
 {{- end }}
 {{- end }}

@@ -245,6 +245,24 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             or all(int(v) < len(t["labels"]) for v in t["dataset"]["labelMap"].values()),
         ),
         Rule(
+            "inference-samples-classification-only",
+            "spec.task",
+            "self.type != 'question-answering' || !has(self.inferenceSamples)",
+            ".inferenceSamples",
+            "spec.task.inferenceSamples are sentences for text-classification; for question-answering give "
+            "spec.task.inferenceQuestions: [{question: ..., context: ...}]",
+            lambda t: t.get("type") != "question-answering" or not _has(t, "inferenceSamples"),
+        ),
+        Rule(
+            "inference-questions-qa-only",
+            "spec.task",
+            "self.type == 'question-answering' || !has(self.inferenceQuestions)",
+            ".inferenceQuestions",
+            "spec.task.inferenceQuestions apply to question-answering only; for this task type give "
+            "spec.task.inferenceSamples (sentences)",
+            lambda t: t.get("type") == "question-answering" or not _has(t, "inferenceQuestions"),
+        ),
+        Rule(
             "hardware-immutable",
             "spec.hardware",
             "self == oldSelf",
@@ -281,4 +299,30 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             None,
             transition=True,
         ),
+        *[_frozen_block(block, why) for block, why in _FROZEN_BLOCKS.items()],
     ]
+
+
+# Spec blocks fixed at creation, and why: the job's ConfigMap (config.json) is written once, and restarted pods
+# must run what the first attempt ran, or a restart would resume a checkpoint under other settings.
+_FROZEN_BLOCKS = {
+    "training": "config.json and the checkpoints it resumes from are made with these hyper-parameters",
+    "output": "checkpoints and the model already written stay where the job resumes from",
+    "compileCache": "config.json and the pods' cache mount are fixed at creation",
+    "command": "every attempt of the job runs the same program",
+}
+
+
+def _frozen_block(block: str, why: str) -> Rule:
+    """`spec.<block>` may be neither changed, added nor removed after creation. Checked at spec scope, since a
+    rule on the block itself would not run when the block is added or removed."""
+    return Rule(
+        f"{block}-immutable",
+        "spec",
+        f"has(self.{block}) == has(oldSelf.{block}) && (!has(self.{block}) || self.{block} == oldSelf.{block})",
+        f".{block}",
+        f"spec.{block} is immutable after creation ({why}); to change it, delete the job and create it again "
+        "(under a new name to keep the old results)",
+        None,
+        transition=True,
+    )

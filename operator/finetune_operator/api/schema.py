@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from . import formats as f
+
 Schema = dict[str, Any]
 
 # The hardware profiles are the files profiles/<name>.yaml, and nothing else: adding a file adds the profile to
@@ -52,15 +54,6 @@ def _free(description: str) -> Schema:
     return {"type": "object", "description": description, "x-kubernetes-preserve-unknown-fields": True}
 
 
-def _strmap(description: str, max_props: int = 64) -> Schema:
-    return {
-        "type": "object",
-        "description": description,
-        "additionalProperties": {"type": "string", "maxLength": 1024},
-        "maxProperties": max_props,
-    }
-
-
 def _strlist(description: str, max_items: int = 256, **kw: Any) -> Schema:
     return {
         "type": "array",
@@ -71,14 +64,34 @@ def _strlist(description: str, max_items: int = 256, **kw: Any) -> Schema:
     }
 
 
-def _free_list(description: str, max_items: int = 64) -> Schema:
+def _quantities(description: str) -> Schema:
+    """Resource name -> quantity, an integer or a string as in a Pod (`cpu: 2` or `cpu: 500m`); checked by
+    podrules.py (CEL isQuantity() in the CRD)."""
     return {
-        "type": "array",
+        "type": "object",
         "description": description,
-        "maxItems": max_items,
-        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "additionalProperties": {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "maxLength": f.QUANTITY_MAX_LENGTH,  # strings only; bounds the CEL cost estimate
+        },
+        "maxProperties": 32,
     }
 
+
+TOLERATION = _o(
+    "A toleration, as in a Pod.",
+    {
+        "key": _s("Taint key (a label key); empty with operator Exists tolerates every taint.",
+                  maxLength=f.QUALIFIED_NAME_MAX),
+        "operator": _s("Equal (the default) or Exists.", enum=["Equal", "Exists"]),
+        "value": _s("Taint value (a label value); empty with operator Exists.", maxLength=f.LABEL_VALUE_MAX,
+                    pattern=f.LABEL_VALUE),
+        "effect": _s("Taint effect to tolerate; empty: all effects.",
+                     enum=["", "NoSchedule", "PreferNoSchedule", "NoExecute"]),
+        "tolerationSeconds": _i("How long a NoExecute taint is tolerated before eviction (effect NoExecute only)."),
+    },
+)
 
 HARDWARE = _o(
     "Where and how wide the job runs. Immutable after creation.",
@@ -105,18 +118,33 @@ HARDWARE = _o(
         ),
         "schedulerName": _s(
             "Scheduler for the rank pods, e.g. the Neuron scheduler extension's scheduler ('my-scheduler' in the "
-            "Neuron docs) which keeps NeuronCore IDs contiguous. Default: the cluster's default scheduler.",
-            maxLength=253,
+            "Neuron docs) which keeps NeuronCore IDs contiguous. Default: the cluster's default scheduler. A DNS "
+            "subdomain.",
+            maxLength=f.DNS_SUBDOMAIN_MAX,
+            pattern=f.DNS_SUBDOMAIN,
         ),
         "resources": _o(
             "Per-pod requests/limits that replace the derived ones (keys as in a container's resources).",
             {
-                "requests": _strmap("Resource requests, e.g. {cpu: '8', memory: 32Gi}."),
-                "limits": _strmap("Resource limits."),
+                "requests": _quantities("Resource requests, e.g. {cpu: '8', memory: 32Gi}. Derived requests "
+                                        "above a limit you set are lowered to it."),
+                "limits": _quantities("Resource limits. Device and hugepages resources (nvidia.com/gpu, "
+                                      "hugepages-2Mi) go here; their requests follow."),
             },
         ),
-        "nodeSelector": _strmap("Node labels, merged over the profile's (yours win)."),
-        "tolerations": _free_list("Tolerations, added to the profile's (e.g. aws.amazon.com/neuron)."),
+        "nodeSelector": {
+            "type": "object",
+            "description": "Node labels, merged over the profile's (yours win). Keys are label keys, values label "
+            "values.",
+            "additionalProperties": _s("Label value.", maxLength=f.LABEL_VALUE_MAX, pattern=f.LABEL_VALUE),
+            "maxProperties": 64,
+        },
+        "tolerations": {
+            "type": "array",
+            "description": "Tolerations, added to the profile's (e.g. aws.amazon.com/neuron).",
+            "maxItems": 64,
+            "items": TOLERATION,
+        },
         "affinity": _free("Pod affinity; replaces the profile's when given."),
     },
     required=["profile"],
@@ -219,13 +247,28 @@ TASK = _o(
             "Overlap between windows of long contexts (question-answering).", minimum=1, maximum=4096, default=128
         ),
         "labels": _strlist("Class names by id, e.g. [negative, positive]; saved in the model config.", 1024),
-        "inferenceSamples": _strlist("Sentences for the inference check run on the saved model.", 64),
+        "inferenceSamples": _strlist("Sentences for the inference check run on the saved model "
+                                     "(text-classification; question-answering takes inferenceQuestions).", 64),
+        "inferenceQuestions": {
+            "type": "array",
+            "description": "Questions for the inference check run on the saved model (question-answering). "
+            "Default: the first three evaluation examples with their gold answers.",
+            "maxItems": 64,
+            "items": _o(
+                "A question about a context.",
+                {
+                    "question": _s("The question.", minLength=1, maxLength=4096),
+                    "context": _s("The text that holds the answer.", minLength=1, maxLength=65536),
+                },
+                required=["question", "context"],
+            ),
+        },
     },
     required=["type", "model", "dataset"],
 )
 
 TRAINING = _o(
-    "Hyper-parameters for the built-in task.",
+    "Hyper-parameters for the built-in task. Immutable after creation.",
     {
         "epochs": _n("Training epochs.", minimum=0, exclusiveMinimum=True, maximum=10000, default=3),
         "maxSteps": _i("Stop after this many optimizer steps (overrides epochs).", minimum=1),
@@ -255,9 +298,12 @@ TRAINING = _o(
 
 COMPILE_CACHE = _o(
     "Shared cache for compiled graphs (Neuron NEFFs, torch.compile) and tokenized datasets, reused across ranks "
-    "and jobs.",
+    "and jobs on purpose: the claim is mounted whole at /cache, so every job using it reads and writes the same "
+    "cache. Use a claim per team (or per trust boundary) when jobs must not share compiled artifacts. Immutable "
+    "after creation.",
     {
-        "claimName": _s("ReadWriteMany PersistentVolumeClaim mounted at /cache (EFS, FSx).", maxLength=253),
+        "claimName": _s("ReadWriteMany PersistentVolumeClaim mounted at /cache (EFS, FSx).",
+                        maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
         "url": _s(
             "Neuron compile cache URL (s3://bucket/prefix); used instead of /cache/neuron. Without claimName "
             "/cache is an emptyDir.",
@@ -274,11 +320,22 @@ COMPILE_CACHE = _o(
 )
 
 OUTPUT = _o(
-    "Where checkpoints, the final model, metrics and predictions go: a claim (and sub-path) or an S3 URL.",
+    "Where checkpoints, the final model, metrics and predictions go: a claim (and sub-path) or an S3 URL. "
+    "Immutable after creation.",
     {
-        "claimName": _s("PersistentVolumeClaim mounted at /output (ReadWriteMany for multi-node).", maxLength=253),
-        "path": _s("Directory under the claim.", maxLength=1024, pattern=r"^[^/].*$"),
-        "url": _s("s3://bucket/prefix to upload the results to (pods need S3 credentials, e.g. IRSA).",
+        "claimName": _s("PersistentVolumeClaim mounted at /output (ReadWriteMany for multi-node).",
+                        maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+        "path": _s("Directory under the claim. The job's pods mount only <path>/<namespace>/<job name> of the "
+                   "claim at /output (made by the kubelet when missing), so jobs sharing a claim cannot overwrite "
+                   "each other's checkpoints or models; a job re-created under the same name finds its "
+                   "predecessor's directory and resumes from its newest checkpoint. Without path: "
+                   "<namespace>/<job name>.", maxLength=1024, pattern=r"^[^/].*$"),
+        "url": _s("s3://bucket/prefix for the results. /output is then scratch space: each checkpoint is uploaded "
+                  "to <url>/checkpoints/ as soon as it is saved (the newest 3 are kept) and a restarted group "
+                  "resumes from the newest complete one there; the final model/, metrics.json and "
+                  "predictions.json go to <url>/. Pods need S3 credentials (e.g. IRSA or EKS Pod Identity) "
+                  "allowing ListBucket, GetObject, PutObject and DeleteObject; for an S3-compatible server set "
+                  "AWS_ENDPOINT_URL in spec.env.",
                   maxLength=1024, pattern="^s3://.+"),
     },
 )
@@ -308,25 +365,87 @@ RUN_POLICY = _o(
         "queueName": _s(
             "Kueue LocalQueue in the job's namespace. The operator creates a Workload (named like the job) in "
             "that queue and creates the pods only once Kueue admits it; meanwhile the job is Queued with "
-            "Kueue's reason. Needs Kueue with FineTuneJob.v1alpha1.finetune.dev in "
+            "Kueue's reason. A label value. Needs Kueue with FineTuneJob.v1alpha1.finetune.dev in "
             "integrations.externalFrameworks (docs/operator.md).",
-            maxLength=253,
+            maxLength=f.LABEL_VALUE_MAX,
+            pattern=f.LABEL_VALUE,  # also the Workload's kueue.x-k8s.io/queue-name label
         ),
     },
     default={},
 )
 
-ENV_VAR = {
-    "type": "object",
-    "description": "A container environment variable (as in a Pod).",
-    "x-kubernetes-preserve-unknown-fields": True,
-    "required": ["name"],
-    "properties": {"name": _s("Variable name.", minLength=1, maxLength=256)},
-}
+def _key_ref(what: str) -> Schema:
+    return _o(
+        f"A key of a {what} in the job's namespace.",
+        {
+            "name": _s(f"{what} name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+            "key": _s("The key.", minLength=1, maxLength=f.CONFIG_KEY_MAX, pattern=f.CONFIG_KEY),
+            "optional": _b(f"Whether the {what} or its key may be missing."),
+        },
+        required=["name", "key"],
+    )
+
+
+ENV_VAR = _o(
+    "A container environment variable (as in a Pod): a value, or valueFrom with exactly one source. May not set "
+    "a variable the operator sets (the FTJOB_* contract, MASTER_ADDR, thread and profile variables).",
+    {
+        "name": _s("Variable name: printable ASCII except '='.", minLength=1, maxLength=f.ENV_NAME_MAX,
+                   pattern=f.ENV_NAME),
+        "value": _s("The value (a string: quote numbers and booleans in YAML).", maxLength=32768),
+        "valueFrom": _o(
+            "Where the value comes from (exactly one source).",
+            {
+                "fieldRef": _o(
+                    "A field of the pod (downward API).",
+                    {
+                        "apiVersion": _s("API version of fieldPath.", enum=["v1"]),
+                        "fieldPath": _s("e.g. metadata.name, status.podIP, metadata.labels['key'].",
+                                        minLength=1, maxLength=512),
+                    },
+                    required=["fieldPath"],
+                ),
+                "resourceFieldRef": _o(
+                    "A resource of the container, e.g. limits.cpu.",
+                    {
+                        "resource": _s("limits.cpu, limits.memory, limits.ephemeral-storage, requests.cpu, "
+                                       "requests.memory or requests.ephemeral-storage.", maxLength=64),
+                        "divisor": _s("Unit of the value (a positive quantity), e.g. 1Mi.",
+                                      maxLength=f.QUANTITY_MAX_LENGTH),
+                    },
+                    required=["resource"],
+                ),
+                "configMapKeyRef": _key_ref("ConfigMap"),
+                "secretKeyRef": _key_ref("Secret"),
+            },
+        ),
+    },
+    required=["name"],
+)
+
+ENV_FROM = _o(
+    "A ConfigMap or Secret whose keys become environment variables (exactly one of configMapRef, secretRef).",
+    {
+        "prefix": _s("Prepended to every key.", maxLength=f.ENV_NAME_MAX, pattern=f.ENV_NAME),
+        "configMapRef": _o(
+            "A ConfigMap in the job's namespace.",
+            {"name": _s("ConfigMap name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+             "optional": _b("Whether the ConfigMap may be missing.")},
+            required=["name"],
+        ),
+        "secretRef": _o(
+            "A Secret in the job's namespace.",
+            {"name": _s("Secret name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+             "optional": _b("Whether the Secret may be missing.")},
+            required=["name"],
+        ),
+    },
+)
 
 SECRET_KEY_REF = _o(
     "Secret key holding a Hugging Face token (exported as HF_TOKEN) for gated models and datasets.",
-    {"name": _s("Secret name.", maxLength=253), "key": _s("Key in the Secret.", maxLength=253, default="token")},
+    {"name": _s("Secret name.", maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+     "key": _s("Key in the Secret.", maxLength=f.CONFIG_KEY_MAX, pattern=f.CONFIG_KEY, default="token")},
     required=["name"],
 )
 
@@ -341,13 +460,18 @@ SPEC = _o(
             enum=list(LAUNCHERS),
         ),
         "mpi": MPI,
-        "image": _s("Container image; default per profile from the operator's configuration.", maxLength=1024),
+        "image": _s("Container image; default per profile from the operator's configuration.", maxLength=1024,
+                    pattern=f.IMAGE),
         "imagePullPolicy": _s("Image pull policy.", enum=["Always", "IfNotPresent", "Never"]),
-        "serviceAccountName": _s("Service account for the pods (e.g. one with IRSA for S3).", maxLength=253),
+        "serviceAccountName": _s("Service account for the pods (e.g. one with IRSA for S3): a DNS subdomain.",
+                                 maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
         "task": TASK,
         "command": _strlist(
             "Bring-your-own command run in every rank pod (torchrun) or by mpirun (mpi) instead of the built-in "
-            "task. The rank environment is injected; nothing else is assumed.",
+            "task. The rank environment is injected; nothing else is assumed. torchrun pods get PET_NNODES, "
+            "PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT (torchrun's defaults, as "
+            "Kubeflow's PyTorchJob sets them), so [torchrun, train.py] forms one world across the pods. "
+            "`ftjob run` runs it locally the same way. Immutable after creation.",
             256,
             minItems=1,
         ),
@@ -360,7 +484,12 @@ SPEC = _o(
             "items": ENV_VAR,
             "maxItems": 128,
         },
-        "envFrom": _free_list("ConfigMaps/Secrets whose keys become environment variables.", 32),
+        "envFrom": {
+            "type": "array",
+            "description": "ConfigMaps/Secrets whose keys become environment variables.",
+            "items": ENV_FROM,
+            "maxItems": 32,
+        },
         "hfTokenSecretRef": SECRET_KEY_REF,
         "runPolicy": RUN_POLICY,
     },
@@ -370,7 +499,8 @@ SPEC = _o(
 CONDITION = _o(
     "A condition of the job.",
     {
-        "type": _s("Queued, Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed."),
+        "type": _s("Queued, Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed, ReconcileError, "
+                   "ForeignChildren (objects carry the job's labels but are not controlled by it)."),
         "status": _s("True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _s("One-word reason."),
         "message": _s("Human-readable detail."),
@@ -398,6 +528,22 @@ STATUS = _o(
         "observedGeneration": _i("Generation of the spec last reconciled."),
         "progress": _free("Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
                           "etaSeconds, metrics, summary."),
+        "foreignChildren": {
+            "type": "array",
+            "description": "Objects that carry this job's labels but whose controller owner reference is not this "
+            "job (e.g. left by a deleted job of the same name, or made by someone else). The operator never uses, "
+            "mounts, deletes or adopts them; while one holds the name of a child the job needs, no pods are "
+            "created. Delete them, or re-create the job under another name.",
+            "maxItems": 32,
+            "items": _o(
+                "A foreign object.",
+                {
+                    "kind": _s("Pod, Service, ConfigMap or NetworkPolicy."),
+                    "name": _s("Its name."),
+                    "controllerUid": _s("uid of its controller owner; absent when it has none."),
+                },
+            ),
+        },
         "failures": {
             "type": "array",
             "description": "Most recent rank failures (newest last).",

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .formats import PATTERN_HINTS
 from .schema import Schema
 
 
@@ -86,8 +87,12 @@ def _walk(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> No
     if value is None:
         errors.append(FieldError(path, "must not be null; remove the field to use the default"))
         return
+    if schema.get("x-kubernetes-int-or-string"):
+        _int_or_string(schema, value, path, errors)
+        return
     if expected and not _type_ok(expected, value):
-        errors.append(FieldError(path, f"must be of type {expected}, got {type(value).__name__} {value!r}"))
+        quote = " (quote it in YAML)" if expected == "string" and isinstance(value, int | float | bool) else ""
+        errors.append(FieldError(path, f"must be of type {expected}, got {type(value).__name__} {value!r}{quote}"))
         return
     if "enum" in schema and value not in schema["enum"]:
         allowed = ", ".join(str(v) for v in schema["enum"])
@@ -102,7 +107,8 @@ def _walk(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> No
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(FieldError(path, f"must have at most {schema['maxLength']} characters"))
         if "pattern" in schema and re.search(schema["pattern"], value) is None:
-            errors.append(FieldError(path, f"{value!r} does not match the pattern {schema['pattern']}"))
+            means = PATTERN_HINTS.get(schema["pattern"], f"it must match the pattern {schema['pattern']}")
+            errors.append(FieldError(path, f"{value!r} is not allowed here; {means}"))
     if expected == "array":
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             errors.append(FieldError(path, f"must have at most {schema['maxItems']} items"))
@@ -112,6 +118,14 @@ def _walk(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> No
             _walk(schema.get("items", {}), item, f"{path}[{i}]", errors)
     if expected == "object":
         _object(schema, value, path, errors)
+
+
+def _int_or_string(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> None:
+    if not (_type_ok("integer", value) or _type_ok("string", value)):
+        errors.append(FieldError(path, f"must be an integer or a string, got {type(value).__name__} {value!r}"))
+        return
+    if isinstance(value, str) and "maxLength" in schema and len(value) > schema["maxLength"]:
+        errors.append(FieldError(path, f"must have at most {schema['maxLength']} characters"))
 
 
 def _bounds(schema: Schema, value: float, path: str, errors: list[FieldError]) -> None:

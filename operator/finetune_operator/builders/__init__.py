@@ -12,10 +12,10 @@ from typing import Any
 
 from .layout import Layout, resolve
 from .names import Names
-from .objects import SshKeys, config_map, network_policy, service, ssh_secret
+from .objects import SshKeys, config_map, network_policy, owner_reference, service, ssh_secret
 from .pods import mpi_pods, torchrun_pods
 
-__all__ = ["Children", "Layout", "Names", "SshKeys", "desired", "image_for", "resolve"]
+__all__ = ["Children", "Layout", "Names", "SshKeys", "desired", "image_for", "owner_reference", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def desired(
         objects.append(network_policy(job, names, list(network_policy_config.get("extraIngress") or [])))
     if layout.launcher == "mpi":
         if ssh_keys is not None:
-            objects.append(ssh_secret(job, names, ssh_keys))
+            objects.append(ssh_secret(job, layout, names, ssh_keys))
         pods = mpi_pods(job, layout, names, image, attempt)
     else:
         pods = torchrun_pods(job, layout, names, image, attempt)

@@ -63,7 +63,7 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
             "FTJOB_MASTER_ADDR": names.master_addr,
             "FTJOB_MASTER_PORT": str(c.MASTER_PORT),
             "FTJOB_CACHE_DIR": c.CACHE_DIR,
-            "FTJOB_OUTPUT_DIR": f"{c.OUTPUT_DIR}/{output['path']}" if output.get("path") else c.OUTPUT_DIR,
+            "FTJOB_OUTPUT_DIR": c.OUTPUT_DIR,  # the job's own directory of the claim (names.output_sub_path)
             "FTJOB_PRECOMPILE_STEPS": str(cache.get("precompileSteps", 16)),
             "HF_HOME": f"{c.CACHE_DIR}/hf",
             "HOME": c.HOME_DIR,
@@ -81,6 +81,24 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
             }
         )
     return env
+
+
+def command_env(nodes: int, procs_per_node: int, master_addr: str, master_port: int, node_rank: int) -> dict[str, str]:
+    """What a bring-your-own command (spec.command) in torchrun pod `node_rank` gets besides the contract.
+
+    The plain names (MASTER_ADDR, NNODES, ...) are for scripts that read them; the PET_* names are torchrun's
+    own defaults for its --nnodes, --nproc-per-node, --node-rank, --master-addr and --master-port (Kubeflow's
+    PyTorchJob sets them too), so a bare `torchrun train.py` joins one world across the pods instead of
+    training a separate copy in each. Pods and `ftjob run` (local.py, with local addresses) both use this."""
+    layout_env = {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "NNODES": str(nodes),
+        "NODE_RANK": str(node_rank),
+        "NPROC_PER_NODE": str(procs_per_node),
+    }
+    pet = {f"PET_{k}": v for k, v in layout_env.items()}
+    return {**layout_env, **pet}
 
 
 def container_env(

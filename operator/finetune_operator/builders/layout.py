@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import profiles
+from ..api.formats import parse_quantity
 from ..profiles import InstanceType, Profile
 
 
@@ -32,9 +33,8 @@ class Layout:
 
 
 def parse_cpu(q: str) -> float:
-    """Kubernetes CPU quantity to cores ('8', '7500m', '0.5')."""
-    q = str(q).strip()
-    return int(q[:-1]) / 1000 if q.endswith("m") else float(q)
+    """Kubernetes CPU quantity to cores ('8', '7500m', '0.5', '2k'); admission has checked it is a quantity."""
+    return float(parse_quantity(str(q)))
 
 
 def _procs(spec_hw: dict[str, Any], spec: dict[str, Any], p: Profile, inst: InstanceType | None) -> int:
@@ -101,8 +101,13 @@ def resolve(job: dict[str, Any]) -> Layout:
             limits["hugepages-2Mi"] = p.efa.hugepages_2mi
 
     user = hw.get("resources") or {}
-    requests.update(user.get("requests") or {})
-    limits.update(user.get("limits") or {})
+    # int-or-string in the spec (`cpu: 2`); always strings in the pods, as the API server returns them.
+    requests.update({k: str(v) for k, v in (user.get("requests") or {}).items()})
+    limits.update({k: str(v) for k, v in (user.get("limits") or {}).items()})
+    for k in ("cpu", "memory"):  # a derived request never exceeds the user's limit (the pod would be refused)
+        if k in limits and k in requests and k not in (user.get("requests") or {}) and \
+                parse_quantity(requests[k]) > parse_quantity(limits[k]):
+            requests[k] = limits[k]
     if p.guaranteed_qos:
         # Guaranteed QoS: limits equal requests for cpu and memory.
         for k in ("cpu", "memory"):

@@ -30,6 +30,12 @@ class Names:
     def ssh_secret(self) -> str:
         return f"{self.job}-ssh"
 
+    def output_sub_path(self, path: str | None) -> str:
+        """The job's directory in its output claim, mounted at /output: `<output.path>/<namespace>/<job>`. Jobs
+        sharing a claim (and even an output.path) each see only their own directory, so none can overwrite
+        another's checkpoints or model; a job re-created under the same name finds its predecessor's."""
+        return "/".join(p for p in ((path or "").strip("/"), self.namespace, self.job) if p)
+
     @property
     def workload(self) -> str:
         """Kueue Workload of a queued job: the job's own name (one Workload per job, owned by it)."""

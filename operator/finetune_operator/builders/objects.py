@@ -124,8 +124,22 @@ def config_map(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, A
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(job, names, names.config_map), "data": data}
 
 
-def ssh_secret(job: dict[str, Any], names: Names, keys: SshKeys) -> dict[str, Any]:
-    """Immutable: a job keeps one identity for its lifetime; a restart reuses it."""
+def known_hosts(layout: Layout, names: Names, host_public_key: str) -> str:
+    """The launcher's known_hosts: every worker's stable names (the hostfile's FQDN and the short
+    `{pod}.{service}` form) at the sshd port, with the workers' one host key. Names, not addresses: pod IPs
+    change on restart, the names and the key do not."""
+    key = " ".join(host_public_key.split()[:2])  # type and base64, without the comment
+    lines = []
+    for i in range(layout.nodes):
+        pod = names.rank_pod(i)
+        hosts = [names.fqdn(pod), f"{pod}.{names.service}"]
+        lines.append(",".join(f"[{h}]:{c.SSH_PORT}" for h in hosts) + f" {key}\n")
+    return "".join(lines)
+
+
+def ssh_secret(job: dict[str, Any], layout: Layout, names: Names, keys: SshKeys) -> dict[str, Any]:
+    """Immutable: a job keeps one identity for its lifetime; a restart reuses it. Each role mounts only its
+    own keys (constants.SSH_LAUNCHER_KEYS / SSH_WORKER_KEYS)."""
 
     def b64(s: str) -> str:
         return base64.b64encode(s.encode()).decode()
@@ -142,6 +156,7 @@ def ssh_secret(job: dict[str, Any], names: Names, keys: SshKeys) -> dict[str, An
             "authorized_keys": b64(keys.public_key),
             "ssh_host_ed25519_key": b64(keys.host_private_key),
             "ssh_host_ed25519_key.pub": b64(keys.host_public_key),
+            "known_hosts": b64(known_hosts(layout, names, keys.host_public_key)),
         },
     }
 

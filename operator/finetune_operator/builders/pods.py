@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from .. import constants as c
-from .env import container_env
+from .env import command_env, container_env
 from .layout import Layout
 from .names import Names
 from .objects import labels, owner_reference
@@ -33,17 +33,22 @@ def _volumes(job: dict[str, Any], layout: Layout, names: Names, role: str) -> tu
     ]
     if role != c.ROLE_LAUNCHER:
         if cache.get("claimName"):
+            # Whole claim, on purpose: a compile cache is shared across jobs (api/schema.py COMPILE_CACHE).
             vols.append({"name": "cache", "persistentVolumeClaim": {"claimName": cache["claimName"]}})
         else:
             vols.append({"name": "cache", "emptyDir": {}})
         mounts.append({"name": "cache", "mountPath": c.CACHE_DIR})
         if output.get("claimName"):
             vols.append({"name": "output", "persistentVolumeClaim": {"claimName": output["claimName"]}})
+            sub = names.output_sub_path(output.get("path"))  # this job's directory only (the kubelet makes it)
+            mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR, "subPath": sub})
         else:  # output.url: a scratch directory the runtime uploads from
             vols.append({"name": "output", "emptyDir": {}})
-        mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR})
+            mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR})
     if layout.launcher == "mpi":
-        vols.append({"name": "ssh", "secret": {"secretName": names.ssh_secret, "defaultMode": 0o400}})
+        keys = c.SSH_LAUNCHER_KEYS if role == c.ROLE_LAUNCHER else c.SSH_WORKER_KEYS
+        vols.append({"name": "ssh", "secret": {"secretName": names.ssh_secret, "defaultMode": 0o400,
+                                               "items": [{"key": k, "path": k} for k in keys]}})
         mounts.append({"name": "ssh", "mountPath": c.SSH_DIR, "readOnly": True})
     return vols, mounts
 
@@ -156,16 +161,8 @@ def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str,
     pods = []
     for i in range(layout.nodes):
         env_extra = {"FTJOB_NODE_RANK": str(i)}
-        if spec.get("command"):  # bring-your-own script: the usual torchrun variables, nothing else assumed
-            env_extra.update(
-                {
-                    "MASTER_ADDR": names.master_addr,
-                    "MASTER_PORT": str(c.MASTER_PORT),
-                    "NNODES": str(layout.nodes),
-                    "NODE_RANK": str(i),
-                    "NPROC_PER_NODE": str(layout.procs_per_node),
-                }
-            )
+        if spec.get("command"):  # bring-your-own script: torchrun's variables (PET_*), nothing else assumed
+            env_extra.update(command_env(layout.nodes, layout.procs_per_node, names.master_addr, c.MASTER_PORT, i))
         env = container_env(job, layout, names, env_extra)
         init = []
         if i > 0:

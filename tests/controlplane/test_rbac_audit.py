@@ -1,0 +1,186 @@
+"""The chart's RBAC equals what the operator is seen to do: derived from the API server's audit log, not from a
+hand-copied list.
+
+A control plane of its own records every request of one user (the operator's identity here), bound to the
+ClusterRoles the chart renders. The real operator then runs every path that talks to the API:
+- a torchrun job through create, Running (progress read from rank 0's log), a rank failure and group restart,
+  success and TTL deletion, with its NetworkPolicy (networkPolicy.enabled);
+- an MPI job (its SSH Secret), and an operator restart while it exists (the new loop meets the Secret's 409 and
+  reads it back);
+- jobs whose child names are squatted by unlabelled objects of each kind (the 409 read-back that refuses to adopt);
+- a namespaced-mode operator (`--namespace`: kopf reads namespaces).
+The (group, resource, verb) triples in the log must equal the rendered grants: a grant never used fails, and so
+does a use never granted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ftjobs import make_job
+from kubernetes import client, config
+from operator_support import NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
+
+from ftjob_cluster import bins
+from ftjob_cluster.localcluster import Etcd, KubeApiserver, KubeControllerManager, LocalCluster, wait_for
+from ftjob_cluster.testing import Kubectl, make_kubectl
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from auditlog import Permission, permissions_used, policy_for_user  # noqa: E402
+
+USER = "audited-operator"
+CHART = ROOT / "charts" / "finetune-operator"
+API = ("finetune.dev", "v1alpha1")
+
+
+def rendered_roles(*args: str) -> list[dict[str, Any]]:
+    """ClusterRoles and Roles of `helm template` with these flags."""
+    out = subprocess.run([str(bins.ensure_binary("helm")), "template", *args, str(CHART)], check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    return [d for d in yaml.safe_load_all(out) if d and d["kind"] in ("ClusterRole", "Role")]
+
+
+def grants(roles: list[dict[str, Any]]) -> set[Permission]:
+    return {(group, resource, verb) for role in roles for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}  # fmt: skip
+
+
+@dataclass
+class Audited:
+    kubectl: Kubectl
+    api: client.ApiClient
+    operator_kubeconfig: Path
+    log: Path
+    work: Path
+    granted: set[Permission]
+
+    def used(self) -> set[Permission]:
+        return permissions_used(self.log, USER)
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audited]:
+    work = tmp_path_factory.mktemp("rbac-audit")
+    policy = work / "audit-policy.yaml"
+    policy.write_text(yaml.safe_dump(policy_for_user(USER)))
+    log = work / "audit.log"
+    apiserver = KubeApiserver([f"--audit-policy-file={policy}", f"--audit-log-path={log}", "--audit-log-format=json",
+                               "--audit-log-mode=blocking"])  # fmt: skip
+    with LocalCluster(work / "cluster", [Etcd(), apiserver, KubeControllerManager()]) as cluster:
+        kubectl = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)
+        install_crd(kubectl, wait_for)
+        cluster_mode = rendered_roles("finetune-operator", "--namespace", "finetune-operator",
+                                      "--set", "networkPolicy.enabled=true")  # fmt: skip
+        namespaced = [r for r in rendered_roles("nsmode", "--namespace", "finetune-operator",
+                                                "--set", "watchNamespaces={audit-ns}") if r["kind"] == "ClusterRole"]
+        for role in cluster_mode + namespaced:
+            kubectl("apply", "-f", "-", input=yaml.safe_dump(role))
+            name = role["metadata"]["name"]
+            kubectl("create", "clusterrolebinding", f"audit-{name}", f"--clusterrole={name}", f"--user={USER}")
+        assert cluster.ctx is not None
+        api = config.new_client_from_config(str(cluster.kubeconfig))
+        try:
+            yield Audited(kubectl, api, cluster.ctx.write_kubeconfig("audited-operator", USER), log, work,
+                          grants(cluster_mode + namespaced))
+        finally:
+            api.close()
+
+
+def namespace(a: Audited, name: str) -> str:
+    core = client.CoreV1Api(a.api)
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: core.read_namespaced_service_account("default", name), timeout=60,
+             message=f"ServiceAccount default in {name}")
+    return name
+
+
+def status(a: Audited, ns: str, name: str) -> dict[str, Any]:
+    try:
+        job = client.CustomObjectsApi(a.api).get_namespaced_custom_object(*API, ns, "finetunejobs", name)
+    except client.exceptions.ApiException as e:
+        if e.status == 404:
+            return {"gone": True}
+        raise
+    return dict(job.get("status") or {})
+
+
+def phase_is(a: Audited, ns: str, name: str, phase: str) -> Callable[[], bool]:
+    return lambda: status(a, ns, name).get("phase") == phase
+
+
+def apply(a: Audited, ns: str, job: dict[str, Any]) -> None:
+    a.kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(job))
+
+
+def job(name: str, **run_policy: Any) -> dict[str, Any]:
+    b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
+    return b.run_policy(**run_policy).build() if run_policy else b.build()
+
+
+def squat(a: Audited, ns: str) -> list[str]:
+    """Unlabelled objects (invisible to the operator's label-filtered watches) that take one child name of one
+    job each: the create meets a 409, reads the object back and refuses it."""
+    core, net = client.CoreV1Api(a.api), client.NetworkingV1Api(a.api)
+    core.create_namespaced_service(ns, {"metadata": {"name": "sq-svc"}, "spec": {"ports": [{"port": 80}]}})
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "sq-cm-config"}})
+    net.create_namespaced_network_policy(ns, {"metadata": {"name": "sq-np"}, "spec": {"podSelector": {}}})
+    core.create_namespaced_pod(ns, {"metadata": {"name": "sq-pod-rank-0"}, "spec": {
+        "nodeSelector": NO_KUBELET, "containers": [{"name": "c", "image": "registry.test/x:1"}]}})  # fmt: skip
+    jobs = ["sq-svc", "sq-cm", "sq-np", "sq-pod"]
+    for name in jobs:
+        apply(a, ns, job(name))
+    return jobs
+
+
+def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: Path) -> None:
+    a = audited
+    ns = namespace(a, "audit-ns")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"networkPolicy": {"enabled": True}}))
+    kubelet = Kubelet(a.api, ns)
+    try:
+        with running_operator(a.operator_kubeconfig, wait_for, tmp_path / "operator-1.log", ["--config", str(cfg)]):
+            # A torchrun job's whole life: create, run (progress read), a rank fails, the group restarts, done,
+            # and deleted by its TTL.
+            apply(a, ns, job("life", backoffLimit=1, ttlSecondsAfterFinished=0))
+            wait_for(lambda: len(kubelet.live_pods("life")) == 2, timeout=60, message="pods of life")
+            for pod in ("life-rank-0", "life-rank-1"):
+                kubelet.set_status(pod, "Running")
+            wait_for(phase_is(a, ns, "life", "Running"), timeout=60, message="life Running")
+            wait_for(lambda: ("", "pods/log", "get") in a.used(), timeout=60, message="rank 0's log read")
+            kubelet.set_status("life-rank-1", "Failed", exit_code=1, message="boom")
+            wait_for(lambda: status(a, ns, "life").get("restartCount") == 1, timeout=60, message="restart")
+            wait_for(lambda: len([p for p in kubelet.live_pods("life")
+                                  if p.metadata.labels["finetune.dev/attempt"] == "1"]) == 2,
+                     timeout=60, message="attempt 1 pods")  # fmt: skip
+            for pod in ("life-rank-0", "life-rank-1"):
+                kubelet.set_status(pod, "Succeeded", exit_code=0, reason="Completed")
+            wait_for(lambda: status(a, ns, "life").get("gone"), timeout=60, message="life deleted by its TTL")
+            # An MPI job: its SSH Secret.
+            mpi = make_job("mpi").nodes(2).classification().launcher("mpi", "mpich")
+            apply(a, ns, mpi.set("spec.hardware.nodeSelector", NO_KUBELET).build())
+            wait_for(lambda: len(kubelet.live_pods("mpi")) == 3, timeout=60, message="pods of mpi")
+            jobs = squat(a, ns)
+            for name in jobs:
+                wait_for(lambda n=name: "not controlled by" in status(a, ns, n).get("message", ""), timeout=60,
+                         message=f"{name}'s squatted child refused")
+        # A restarted operator: a new loop for the MPI job creates its Secret again and reads the 409 back.
+        with running_operator(a.operator_kubeconfig, wait_for, tmp_path / "operator-2.log", ["--config", str(cfg)]):
+            wait_for(lambda: ("", "secrets", "get") in a.used(), timeout=60, message="the Secret read back")
+        # Namespaced mode: kopf watches the namespaces it is given.
+        with running_operator(a.operator_kubeconfig, wait_for, tmp_path / "operator-3.log",
+                              ["--config", str(cfg), f"--namespace={ns}"]):
+            wait_for(lambda: ("", "namespaces", "watch") in a.used(), timeout=60, message="namespaces watched")
+    finally:
+        kubelet.stop()
+
+    used = a.used()
+    assert not used - a.granted, f"used but not granted (the chart's RBAC lacks them): {sorted(used - a.granted)}"
+    assert not a.granted - used, f"granted but never used (remove from the chart): {sorted(a.granted - used)}"
