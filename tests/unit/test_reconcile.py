@@ -379,3 +379,15 @@ def test_evicted_job_stops_its_pods_then_releases_the_quota() -> None:
     assert p.workload_status is not None and p.workload_status["status"]["admission"] is None
     conds = {c["type"]: c["status"] for c in p.workload_status["status"]["conditions"]}
     assert conds["QuotaReserved"] == "False" and conds["Admitted"] == "False" and conds["Evicted"] == "True"
+
+
+def test_a_workload_the_job_does_not_control_is_never_its_admission() -> None:
+    w = World(job2(queueName="q"))
+    w.step()
+    assert w.workload is not None
+    w.workload["metadata"]["ownerReferences"][0]["uid"] = "uid-of-an-older-job"
+    w.kueue(*ADMITTED, admission=True)
+    p = w.step()
+    assert p.create == [] and not w.pods and p.workload_status is None
+    assert w.phase == "Queued" and w.job["status"]["reason"] == "ForeignWorkload"
+    assert "not controlled by this job" in w.job["status"]["message"]
