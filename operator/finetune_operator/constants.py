@@ -12,7 +12,7 @@ SINGULAR: Final = "finetunejob"
 SHORT_NAMES: Final = ("ftj",)
 
 # Labels on every child. The operator watches its children by MANAGED_BY and indexes them by JOB_NAME; the
-# chart's NetworkPolicy selects by MANAGED_BY; Kueue reads QUEUE_NAME and POD_GROUP.
+# chart's NetworkPolicy selects by MANAGED_BY.
 LABEL_NAME: Final = "app.kubernetes.io/name"
 LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
@@ -23,9 +23,14 @@ LABEL_JOB_NAME: Final = f"{GROUP}/job-name"
 LABEL_ROLE: Final = f"{GROUP}/role"  # rank | worker | launcher
 LABEL_RANK: Final = f"{GROUP}/rank"  # pod index among rank-holding pods
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"  # restartCount the pod was created for; older ones are torn down
+
+# Kueue (spec.runPolicy.queueName): the operator creates one Workload per job (builders/workload.py), named
+# like the job, and creates pods only while it is admitted (reconcile.queued). Read by the builder, k8s.py
+# and the chart's RBAC. The queue-name label is also set on the Workload, as Kueue's own integrations do.
+KUEUE_GROUP: Final = "kueue.x-k8s.io"
+KUEUE_VERSION: Final = "v1beta2"
+KUEUE_WORKLOADS: Final = "workloads"
 LABEL_KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
-LABEL_KUEUE_POD_GROUP: Final = "kueue.x-k8s.io/pod-group-name"
-ANNOTATION_KUEUE_POD_GROUP_COUNT: Final = "kueue.x-k8s.io/pod-group-total-count"
 
 # Roles of child pods (LABEL_ROLE values).
 ROLE_RANK: Final = "rank"  # torchrun pods: each runs torchrun for its node rank

@@ -63,6 +63,8 @@ class Api(Protocol):
     def delete_pod(self, ns: str, name: str) -> None: ...
     def delete_job(self, ns: str, name: str) -> None: ...
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None: ...
+    def get_workload(self, ns: str, name: str) -> dict[str, Any] | None: ...
+    def patch_workload_status(self, ns: str, name: str, patch: dict[str, Any]) -> None: ...
 
 
 def network_policies(config: Mapping[str, Any]) -> bool:
@@ -96,6 +98,8 @@ def apply(api: Api, job: dict[str, Any], old_status: dict[str, Any], plan: Plan)
         api.delete_pod(ns, pod)
     for obj in plan.create:
         api.create(obj)
+    if plan.workload_status is not None:
+        api.patch_workload_status(ns, Names.of(job, launcher_of(job["spec"])).workload, plan.workload_status)
     api.patch_status(ns, name, old_status, plan.status)
     for etype, reason, message in plan.events:
         api.event(job, etype, reason, message)
@@ -243,7 +247,10 @@ class JobLoop:
         job["status"] = raw.get("status") or {}
         prog = self._read_progress(job, old_status) if old_status.get("phase") in FOLLOWED else None
         seen = {**objects, **self.made}
-        plan = reconcile(job, Observed(pods, seen, now, prog, functools.partial(generate_keys, name)), self.config)
+        # Queued jobs: the Workload, read fresh (no watch: Kueue's CRDs may not exist where no job is queued).
+        wl = self.api.get_workload(ns, name) if (job["spec"].get("runPolicy") or {}).get("queueName") else None
+        observed = Observed(pods, seen, now, prog, functools.partial(generate_keys, name), workload=wl)
+        plan = reconcile(job, observed, self.config)
         try:
             apply(self.api, job, old_status, plan)
         except Refused as e:

@@ -8,6 +8,8 @@
 | delete job      | already gone: fine               | -                                                          |
 | patch status    | job deleted meanwhile: ignored   | -                                                          |
 | read pod log    | pod gone / not started: None     | -                                                          |
+| get Workload    | none yet: None                   | -                                                          |
+| patch Workload status | gone: ignored              | Kueue wrote it meanwhile: ignored, the next pass re-reads |
 | post event      | errors are logged, never raised  | a repeat: count + 1 on the existing Event (aggregation)    |
 
 A create refused with 403 NamespaceTerminating is skipped (logged, not raised): the namespace is being
@@ -25,7 +27,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .constants import GROUP, PLURAL, VERSION
+from .constants import GROUP, KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOADS, PLURAL, VERSION
 from .refusal import REFUSED_STATUSES, Refused
 
 log = logging.getLogger(__name__)
@@ -70,9 +72,14 @@ class Kube:
             return self.core.create_namespaced_secret(ns, body)
         if kind == "NetworkPolicy":
             return self.networking.create_namespaced_network_policy(ns, body)
+        if kind == "Workload":
+            return self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, body)
         raise ValueError(f"unsupported kind {kind}")
 
     def _read(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        if kind == "Workload":
+            obj: Any = self.custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, name)
+            return dict(obj)
         reader = {
             "Pod": self.core.read_namespaced_pod,
             "Service": self.core.read_namespaced_service,
@@ -127,6 +134,25 @@ class Kube:
             if e.status in (400, 404):  # container not started yet, or pod gone
                 return None
             raise
+
+    # -- Kueue ------------------------------------------------------------------------------------------------
+    def get_workload(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._read("Workload", ns, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def patch_workload_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge patch carrying the resourceVersion it was computed from (reconcile.Plan.workload_status)."""
+        try:
+            self.custom.patch_namespaced_custom_object_status(KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, name,
+                                                              patch)  # fmt: skip
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+            log.info("Workload %s/%s status not patched (%s); the next pass re-reads it", ns, name, e.status)
 
     # -- the job ----------------------------------------------------------------------------------------------
     def get_job(self, ns: str, name: str) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from . import constants as c
 from .builders import Layout, Names, SshKeys, desired, owner_reference, resolve
+from .builders.workload import workload as build_workload
 
 TERMINAL = ("Succeeded", "Failed")
 _WAITING_ERRORS = (
@@ -42,6 +43,10 @@ class Plan:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
     delete_job: bool = False
     requeue_after: float | None = None  # seconds until a time-based transition (deadline, TTL)
+    # A merge patch of the Kueue Workload's status (with metadata.resourceVersion, so a concurrent write by
+    # Kueue makes it a 409 instead of being overwritten): Finished when the job ends, the quota released
+    # after an eviction.
+    workload_status: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ class Observed:
     # Makes the job's SSH identity (MPI). Called only when the job's Secret must be created: the Secret is
     # immutable and made once, so no other pass pays for a key pair it would throw away.
     ssh_keys: Callable[[], SshKeys] | None = None
+    # The job's Kueue Workload when spec.runPolicy.queueName is set and it exists (read fresh every pass).
+    workload: dict[str, Any] | None = None
 
 
 def iso(t: datetime) -> str:
@@ -292,10 +299,23 @@ class Pass:
         set_condition(st, "Restarting", False, reason, message, now)
         set_condition(st, phase, True, reason, message, now)
         self.clean_up_finished()
+        self.finish_workload(phase, message)
         ttl = self.run_policy.get("ttlSecondsAfterFinished")
         if ttl is not None:
             self.plan.requeue_after = float(ttl)
         return self.plan
+
+    def finish_workload(self, phase: str, message: str) -> None:
+        """Kueue releases a Workload's quota once it is Finished: set when the job ends (and again on later
+        passes until it shows, should the first patch have met a concurrent write)."""
+        wl = self.observed.workload
+        if wl is None or _wl_condition(wl, "Finished"):
+            return
+        conds = [dict(x) for x in (wl.get("status") or {}).get("conditions") or [] if x.get("type") != "Finished"]
+        conds.append({"type": "Finished", "status": "True", "reason": phase, "message": message[:1000],
+                      "lastTransitionTime": iso(self.now),
+                      "observedGeneration": wl["metadata"].get("generation", 1)})  # fmt: skip
+        self.plan.workload_status = _wl_patch(wl, {"conditions": conds})
 
 
 # Each phase returns the pass's plan when it decides the outcome, or None to pass on to the next phase.
@@ -307,6 +327,7 @@ def terminal(p: Pass) -> Plan | None:
     if p.old_phase not in TERMINAL:
         return None
     p.clean_up_finished()
+    p.finish_workload(p.old_phase or "Failed", p.status.get("message") or "")
     ttl = p.run_policy.get("ttlSecondsAfterFinished")
     done_at = parse_time(p.status.get("completionTime"))
     if ttl is not None and done_at is not None:
@@ -332,6 +353,82 @@ def suspended(p: Pass) -> Plan | None:
     set_condition(st, "Running", False, "Suspended", msg, now)
     st.pop("startTime", None)  # the deadline counts active time from the resume
     st["ranks"] = {"ready": 0, "total": p.layout.nodes}
+    return p.plan
+
+
+def _wl_condition(wl: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    """The Workload's condition `ctype` when it is True."""
+    for cond in (wl.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == ctype and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _wl_patch(wl: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": wl["metadata"].get("resourceVersion")}, "status": status}
+
+
+# While queued, the Workload is read again this often (a GET per pass): Kueue's admission wakes nothing here.
+QUEUED_POLL_S = 3.0
+
+
+def _queue_message(wl: dict[str, Any] | None, queue: str) -> str:
+    """Why Kueue has not admitted the job, in Kueue's words: its QuotaReserved/Evicted condition's reason and
+    message (e.g. `Pending: couldn't assign flavors to pod set rank: insufficient unused quota ...`)."""
+    if wl is None:
+        return f"waiting for Kueue: creating Workload for LocalQueue {queue}"
+    name = wl["metadata"]["name"]
+    for ctype in ("Evicted", "QuotaReserved", "Admitted"):
+        for cond in (wl.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == ctype and (ctype == "Evicted") == (cond.get("status") == "True"):
+                return f"Workload {name} in LocalQueue {queue}: {cond.get('reason')}: {cond.get('message', '')}"
+    return f"Workload {name} in LocalQueue {queue}: waiting for Kueue to consider it"
+
+
+def queued(p: Pass) -> Plan | None:
+    """spec.runPolicy.queueName: the job's pods exist only while Kueue admits its Workload. The Workload is
+    created first; until it is admitted (or after Kueue evicts it) the job is Queued with Kueue's reason and
+    holds no pods. An evicted job's pods are deleted, then the Workload's quota reservation is released so
+    Kueue can queue it again, as Kueue's own job integrations do. Group restarts keep the admission: the
+    Workload is the job's, not its pods'."""
+    queue = p.run_policy.get("queueName")
+    if not queue:
+        return None
+    st, now, wl = p.status, p.now, p.observed.workload
+    if wl is not None and controller_uid(wl) != owner_reference(p.job)["uid"]:
+        # Not ours (labels and names never prove it): e.g. the Workload of a deleted job of the same name that
+        # the garbage collector has not removed yet. Wait without reading its admission.
+        p.delete(p.live)
+        msg = (f"Workload {wl['metadata']['name']} exists but is not controlled by this job; waiting for it to go "
+               f"({FOREIGN_FIX})")
+        p.transition("Queued", "ForeignWorkload", msg)
+        set_condition(st, "Queued", True, "ForeignWorkload", msg, now)
+        p.plan.requeue_after = QUEUED_POLL_S
+        return p.plan
+    evicted = _wl_condition(wl, "Evicted") if wl else None
+    if wl is not None and _wl_condition(wl, "Admitted") and not evicted:
+        if p.old_phase == "Queued":
+            set_condition(st, "Queued", False, "Admitted", f"admitted by Kueue (LocalQueue {queue})", now)
+        return None
+    if wl is None:
+        pods = desired(p.job, images=p.config.get("images"), attempt=p.attempt).pods
+        p.plan.create.append(build_workload(p.job, p.layout, p.names, pods))
+    p.delete(p.live)
+    if wl is not None and evicted and not p.pods and (wl.get("status") or {}).get("admission"):
+        conds = [dict(x) for x in wl["status"].get("conditions") or []
+                 if x.get("type") not in ("QuotaReserved", "Admitted")]  # fmt: skip
+        conds += [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                   "message": str(evicted.get("message", ""))[:1000], "lastTransitionTime": iso(now)},
+                  {"type": "Admitted", "status": "False", "reason": "NoReservation",
+                   "message": "The workload has no reservation", "lastTransitionTime": iso(now)}]  # fmt: skip
+        p.plan.workload_status = _wl_patch(wl, {"admission": None, "conditions": conds})
+    msg = _queue_message(wl, queue)
+    p.transition("Queued", "Queued", msg)
+    set_condition(st, "Queued", True, "Queued", msg, now)
+    set_condition(st, "Running", False, "Queued", msg, now)
+    st.pop("startTime", None)  # activeDeadlineSeconds counts from admission, not from the queue
+    st["ranks"] = {"ready": 0, "total": p.layout.nodes}
+    p.plan.requeue_after = QUEUED_POLL_S
     return p.plan
 
 
@@ -465,7 +562,7 @@ def converge(p: Pass) -> Plan:
 
 
 # In order: the first phase that returns a plan ends the pass; converge always does.
-PHASES: tuple[Phase, ...] = (terminal, suspended, deadline, group_failure, success)
+PHASES: tuple[Phase, ...] = (terminal, suspended, queued, deadline, group_failure, success)
 
 
 def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Pass:

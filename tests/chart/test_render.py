@@ -23,6 +23,9 @@ NAMESPACED_VERBS: dict[tuple[str, str], set[str]] = {
     ("", "configmaps"): {"get", "list", "watch", "create"},
     ("", "secrets"): {"get", "create"},  # never list/watch: the operator cannot enumerate Secrets
     ("", "events"): {"create", "patch"},
+    # Kueue: the Workload of a queued job (k8s.Kube.create/get_workload/patch_workload_status).
+    ("kueue.x-k8s.io", "workloads"): {"get", "create"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
 }
 CRD_READ: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},

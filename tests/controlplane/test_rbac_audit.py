@@ -8,7 +8,9 @@ ClusterRoles the chart renders. The real operator then runs every path that talk
 - an MPI job (its SSH Secret), and an operator restart while it exists (the new loop meets the Secret's 409 and
   reads it back);
 - jobs whose child names are squatted by unlabelled objects of each kind (the 409 read-back that refuses to adopt);
-- a namespaced-mode operator (`--namespace`: kopf reads namespaces).
+- a namespaced-mode operator (`--namespace`: kopf reads namespaces);
+- a job queued through Kueue (its Workload created and read; admitted here by a status write standing in for
+  Kueue, which test_kueue.py runs for real; marked Finished when the job ends).
 The (group, resource, verb) triples in the log must equal the rendered grants: a grant never used fails, and so
 does a use never granted."""
 
@@ -28,6 +30,7 @@ from kubernetes import client, config
 from operator_support import NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
 
 from ftjob_cluster import bins
+from ftjob_cluster.kueue import KueueProcess
 from ftjob_cluster.localcluster import Etcd, KubeApiserver, KubeControllerManager, LocalCluster, wait_for
 from ftjob_cluster.testing import Kubectl, make_kubectl
 
@@ -76,6 +79,7 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audited]:
     with LocalCluster(work / "cluster", [Etcd(), apiserver, KubeControllerManager()]) as cluster:
         kubectl = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)
         install_crd(kubectl, wait_for)
+        KueueProcess(cluster.kubeconfig, work / "kueue").install_crds()  # the Workload API, without Kueue
         cluster_mode = rendered_roles("finetune-operator", "--namespace", "finetune-operator",
                                       "--set", "networkPolicy.enabled=true")  # fmt: skip
         namespaced = [r for r in rendered_roles("nsmode", "--namespace", "finetune-operator",
@@ -167,6 +171,23 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
             mpi = make_job("mpi").nodes(2).classification().launcher("mpi", "mpich")
             apply(a, ns, mpi.set("spec.hardware.nodeSelector", NO_KUBELET).build())
             wait_for(lambda: len(kubelet.live_pods("mpi")) == 3, timeout=60, message="pods of mpi")
+            # A queued job: Workload created and read while queued, status patched Finished at the end.
+            apply(a, ns, job("queued", queueName="lq"))
+            wl_api = ("kueue.x-k8s.io", "v1beta2", ns, "workloads", "queued")
+            custom = client.CustomObjectsApi(a.api)
+            wait_for(lambda: custom.get_namespaced_custom_object(*wl_api), timeout=60, message="queued's Workload")
+            now = "2026-12-03T00:00:00Z"
+            custom.patch_namespaced_custom_object_status(*wl_api, {"status": {
+                "conditions": [{"type": t, "status": "True", "reason": t, "message": t, "lastTransitionTime": now}
+                               for t in ("QuotaReserved", "Admitted")],
+                "admission": {"clusterQueue": "cq", "podSetAssignments": [{
+                    "name": "rank", "count": 2, "flavors": {"cpu": "default", "memory": "default"},
+                    "resourceUsage": {"cpu": "4", "memory": "8Gi"}}]}}})  # fmt: skip
+            wait_for(lambda: len(kubelet.live_pods("queued")) == 2, timeout=60, message="pods of queued")
+            for pod in ("queued-rank-0", "queued-rank-1"):
+                kubelet.set_status(pod, "Succeeded", exit_code=0, reason="Completed")
+            wait_for(lambda: ("kueue.x-k8s.io", "workloads/status", "patch") in a.used(), timeout=60,
+                     message="queued's Workload marked Finished")
             jobs = squat(a, ns)
             for name in jobs:
                 wait_for(lambda n=name: "not controlled by" in status(a, ns, n).get("message", ""), timeout=60,

@@ -243,9 +243,9 @@ def test_children_are_owned_labelled_and_deterministic() -> None:
     assert names == ["d-rank-0", "d-rank-1", "d-rank-2"]
     for i, p in enumerate(a.pods):
         assert p["spec"]["hostname"] == f"d-rank-{i}" and p["spec"]["subdomain"] == "d"
-        assert p["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-        assert p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "d"
-        assert p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "3"
+        # Queued through the operator's Workload, never Kueue's pod integration (which would gate them twice).
+        assert not [k for k in p["metadata"]["labels"] if k.startswith("kueue.x-k8s.io/")]
+        assert "annotations" not in p["metadata"]
         assert p["spec"]["restartPolicy"] == "Never"
         assert p["spec"]["automountServiceAccountToken"] is False
         assert p["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
@@ -342,3 +342,29 @@ def test_the_compile_cache_claim_is_shared_whole_on_purpose() -> None:
     ctr = render(job).pods[0]["spec"]["containers"][0]
     mount = next(m for m in ctr["volumeMounts"] if m["name"] == "cache")
     assert mount == {"name": "cache", "mountPath": "/cache"}  # jobs reuse each other's compiled graphs
+
+
+def test_workload_has_one_pod_set_per_role_sized_like_the_pods() -> None:
+    from finetune_operator.builders.workload import workload
+
+    job = validate(make_job("w", "ns1").nodes(2).classification().run_policy(queueName="team-a")
+                   .set("spec.hardware.nodeSelector", {"pool": "a"}).build())
+    job["metadata"]["uid"] = "u-1"
+    ch = render(job)
+    wl = workload(job, ch.layout, ch.names, ch.pods)
+    assert wl["apiVersion"] == "kueue.x-k8s.io/v1beta2" and wl["metadata"]["name"] == "w"
+    assert wl["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert wl["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert wl["spec"]["queueName"] == "team-a"
+    [ps] = wl["spec"]["podSets"]
+    assert ps["name"] == "rank" and ps["count"] == 2
+    trainer = ch.pods[1]["spec"]["containers"][0]
+    assert ps["template"]["spec"]["containers"] == [
+        {"name": "trainer", "image": trainer["image"], "resources": trainer["resources"]}]
+    assert [c["name"] for c in ps["template"]["spec"]["initContainers"]] == ["wait-for-peers"]
+    assert ps["template"]["spec"]["nodeSelector"] == {"pool": "a"}
+
+    mpi = validate(make_job("m", "ns1").nodes(2).launcher("mpi", "mpich").qa().run_policy(queueName="q").build())
+    ch = render(mpi)
+    sets = {ps["name"]: ps["count"] for ps in workload(mpi, ch.layout, ch.names, ch.pods)["spec"]["podSets"]}
+    assert sets == {"worker": 2, "launcher": 1}

@@ -27,22 +27,38 @@ class World:
         self.objects: dict[str, str | None] = {}  # Kind/name -> controller uid, as the indexes hold them
         self.now = T0
         self.deleted_job = False
+        self.workload: dict[str, Any] | None = None  # the Kueue Workload, as created by a plan
 
     def step(self, progress: dict[str, Any] | None = None, seconds: float = 1) -> Plan:
         self.now += timedelta(seconds=seconds)
         plan = reconcile(self.job, Observed(list(copy.deepcopy(self.pods).values()), dict(self.objects),
-                                            self.now, progress, lambda: KEYS))
+                                            self.now, progress, lambda: KEYS, copy.deepcopy(self.workload)))
         for name in plan.delete_pods:
             self.pods[name]["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
         for obj in plan.create:
             if obj["kind"] == "Pod":
                 assert obj["metadata"]["name"] not in self.pods, "created a pod whose name is taken"
                 self.pods[obj["metadata"]["name"]] = copy.deepcopy(obj) | {"status": {"phase": "Pending"}}
+            elif obj["kind"] == "Workload":
+                assert self.workload is None, "created a second Workload"
+                self.workload = copy.deepcopy(obj) | {"status": {}}
+                self.workload["metadata"]["resourceVersion"] = "1"
             else:
                 self.objects[f"{obj['kind']}/{obj['metadata']['name']}"] = obj["metadata"]["ownerReferences"][0]["uid"]
         self.job["status"] = plan.status
         self.deleted_job = plan.delete_job
         return plan
+
+    def kueue(self, *conditions: tuple[str, str, str, str], admission: bool | None = None) -> None:
+        """Kueue writes the Workload's status: (type, status, reason, message) conditions, and admission."""
+        assert self.workload is not None
+        st = self.workload["status"]
+        conds = {c["type"]: c for c in st.get("conditions", [])}
+        for ctype, status, reason, message in conditions:
+            conds[ctype] = {"type": ctype, "status": status, "reason": reason, "message": message}
+        st["conditions"] = list(conds.values())
+        if admission is not None:
+            st["admission"] = {"clusterQueue": "cq"} if admission else None
 
     def gone(self) -> None:
         """The kubelet finished deleting every terminating pod."""
@@ -294,3 +310,84 @@ def test_network_policy_created_with_the_other_objects_when_configured() -> None
     assert "NetworkPolicy" in {o["kind"] for o in plan.create}
     plan = reconcile(w.job, Observed([], {}, T0, None, lambda: KEYS), {})
     assert "NetworkPolicy" not in {o["kind"] for o in plan.create}
+
+
+PENDING = ("QuotaReserved", "False", "Pending",
+           "couldn't assign flavors to pod set rank: insufficient unused quota for cpu in flavor default")
+ADMITTED = [("QuotaReserved", "True", "QuotaReserved", "Quota reserved in ClusterQueue cq"),
+            ("Admitted", "True", "Admitted", "The workload is admitted")]
+
+
+def test_queued_job_makes_its_workload_and_no_pods_until_admitted() -> None:
+    w = World(job2(queueName="team-a"))
+    p = w.step()
+    assert [o["kind"] for o in p.create] == ["Workload"] and w.phase == "Queued"
+    assert w.workload is not None and w.workload["spec"]["queueName"] == "team-a"
+    assert p.requeue_after is not None and p.requeue_after <= 5
+    w.kueue(PENDING)
+    p = w.step()
+    assert p.create == [] and not w.pods and w.phase == "Queued"
+    assert w.job["status"]["reason"] == "Queued"
+    assert "j in LocalQueue team-a: Pending: couldn't assign flavors" in w.job["status"]["message"]
+    assert {c["type"]: c["status"] for c in w.job["status"]["conditions"]}["Queued"] == "True"
+    w.kueue(*ADMITTED, admission=True)
+    p = w.step()
+    assert sorted(o["kind"] for o in p.create) == ["ConfigMap", "Pod", "Pod", "Service"]
+    assert w.phase == "Pending" and w.job["status"]["startTime"]
+    assert {c["type"]: c["status"] for c in w.job["status"]["conditions"]}["Queued"] == "False"
+
+
+def test_queued_job_restart_keeps_its_workload_and_finish_marks_it_finished() -> None:
+    w = World(job2(queueName="q", backoffLimit=1))
+    w.step()
+    w.kueue(*ADMITTED, admission=True)
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.set_phase("j-rank-0", "Failed", **terminated(1))
+    p = w.step()
+    assert w.phase == "Restarting" and p.workload_status is None
+    w.gone()
+    p = w.step()
+    assert [o["kind"] for o in p.create] == ["Pod", "Pod"]  # the same admission, new pods
+    w.all_phase("Succeeded")
+    p = w.step()
+    assert w.phase == "Succeeded" and p.workload_status is not None
+    assert p.workload_status["metadata"] == {"resourceVersion": "1"}
+    finished = [c for c in p.workload_status["status"]["conditions"] if c["type"] == "Finished"]
+    assert finished and finished[0]["status"] == "True" and finished[0]["reason"] == "Succeeded"
+    assert {c["type"] for c in p.workload_status["status"]["conditions"]} >= {"Admitted", "QuotaReserved"}
+    # Until Kueue shows it Finished, later passes ask again; then never.
+    assert w.step().workload_status is not None
+    w.kueue(("Finished", "True", "Succeeded", "done"))
+    assert w.step().workload_status is None
+
+
+def test_evicted_job_stops_its_pods_then_releases_the_quota() -> None:
+    w = World(job2(queueName="q"))
+    w.step()
+    w.kueue(*ADMITTED, admission=True)
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.kueue(("Evicted", "True", "Preempted", "Preempted to accommodate a workload"))
+    p = w.step()
+    assert sorted(p.delete_pods) == ["j-rank-0", "j-rank-1"] and p.workload_status is None
+    assert w.phase == "Queued" and "Preempted to accommodate" in w.job["status"]["message"]
+    w.gone()
+    p = w.step()
+    assert p.workload_status is not None and p.workload_status["status"]["admission"] is None
+    conds = {c["type"]: c["status"] for c in p.workload_status["status"]["conditions"]}
+    assert conds["QuotaReserved"] == "False" and conds["Admitted"] == "False" and conds["Evicted"] == "True"
+
+
+def test_a_workload_the_job_does_not_control_is_never_its_admission() -> None:
+    w = World(job2(queueName="q"))
+    w.step()
+    assert w.workload is not None
+    w.workload["metadata"]["ownerReferences"][0]["uid"] = "uid-of-an-older-job"
+    w.kueue(*ADMITTED, admission=True)
+    p = w.step()
+    assert p.create == [] and not w.pods and p.workload_status is None
+    assert w.phase == "Queued" and w.job["status"]["reason"] == "ForeignWorkload"
+    assert "not controlled by this job" in w.job["status"]["message"]

