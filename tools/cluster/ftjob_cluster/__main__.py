@@ -2,8 +2,9 @@
 
 bin NAME...      print absolute paths of pinned binaries, fetching/building them first
 build            fetch kubectl/helm and build etcd + control plane into the cache
-up --dir DIR     start a control plane that keeps running after this command exits
-down --dir DIR   stop it
+up --dir DIR     start a control plane that keeps running after this command exits, with a node
+                 (kubelet, containerd, kube-proxy, CoreDNS) when this machine can run one (--node)
+down --dir DIR   stop it and undo the node's host changes
 status --dir DIR say whether it runs and where its kubeconfig is
 """
 
@@ -36,6 +37,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 def _cmd_up(args: argparse.Namespace) -> int:
     # Imported here: the PKI needs `cryptography`, which `bin`/`build` on a bare python3 must not require.
+    from ftjob_cluster import node
     from ftjob_cluster.localcluster import LocalCluster
 
     directory = args.dir.resolve()
@@ -43,7 +45,21 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"a cluster already runs from {directory} (make cluster-down first)", file=sys.stderr)
         return 1
     directory.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(directory).start(detach=True)
+    reason = node.unavailable_reason() if args.node != "off" else "--node off"
+    if reason and args.node == "on":
+        print(f"cannot start a node: {reason}", file=sys.stderr)
+        return 1
+    if reason:
+        print(f"control plane only, no node: {reason}")
+        cluster = LocalCluster(directory).start(detach=True)
+    else:
+        cluster = node.node_cluster(directory)
+        try:
+            times = node.start(cluster, [i for i in args.image if node.docker_has(i, warn=True)], detach=True)
+        except BaseException:
+            node.stop(None, directory)
+            raise
+        print(f"node {node.NODE_NAME} Ready ({', '.join(f'{k} {v:.1f}' for k, v in times.items())})")
     kubectl = bins.ensure_binary("kubectl")
     print(f"control plane {bins.K8S_VERSION} up in {cluster.startup_seconds:.1f} s at {cluster.server}")
     print(f"logs: {directory / 'logs'}")
@@ -55,10 +71,16 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
+    from ftjob_cluster import node
     from ftjob_cluster.localcluster import LocalCluster
 
     start = time.monotonic()
-    stopped = LocalCluster.stop_detached(args.dir.resolve())
+    directory = args.dir.resolve()
+    if (directory / "node" / "host-state.json").exists():
+        node.stop(None, directory)
+        print(f"stopped the cluster and its node, host changes undone, in {time.monotonic() - start:.1f} s")
+        return 0
+    stopped = LocalCluster.stop_detached(directory)
     if stopped:
         print(f"stopped {', '.join(stopped)} in {time.monotonic() - start:.1f} s")
     else:
@@ -96,6 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--dir", type=Path, required=True, help="cluster directory (kubeconfig, pki, logs)")
+        if name == "up":
+            p.add_argument(
+                "--node",
+                choices=("auto", "on", "off"),
+                default="auto",
+                help="start a node: auto = when this machine can (root, cgroups, containerd)",
+            )
+            p.add_argument(
+                "--image",
+                action="append",
+                default=[],
+                help="Docker image to import into the node's containerd (re-imported when its ID changes)",
+            )
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
     return int(args.func(args))
