@@ -1,7 +1,7 @@
 """A real node beside the LocalCluster control plane: containerd + runc + CNI, kubelet, kube-proxy, CoreDNS.
 
 Layout (docs/cluster.md, measured facts in the project's node-tier notes):
-- A dummy interface `ftjob0` holds NODE_IP, an address this machine did not have before. The API server
+- An interface `ftjob0` of our own holds NODE_IP, an address this machine did not have before. The API server
   binds and advertises it, the kubelet serves on it (InternalIP), CoreDNS answers on it; pods route to it
   through the bridge's gateway, so the `kubernetes` Service (kube-proxy DNAT to NODE_IP) is the in-cluster
   path to the API server.
@@ -129,7 +129,9 @@ def prepare_host(state_file: Path) -> None:
         }
         state_file.parent.mkdir(parents=True, exist_ok=True)
         state_file.write_text(json.dumps(before, indent=2) + "\n")
-    _run("ip", "link", "add", DUMMY_IF, "type", "dummy", check=False)
+    # A bridge with no ports stands in for a dummy interface (these kernels have no dummy module); its
+    # address is local for as long as it is up, whatever its carrier.
+    _run("ip", "link", "add", DUMMY_IF, "type", "bridge", check=False)
     _run("ip", "addr", "replace", f"{NODE_IP}/32", "dev", DUMMY_IF)
     _run("ip", "link", "set", DUMMY_IF, "up")
     for cidr in (SERVICE_CIDR, POD_RANGE, NODE_IP_RANGE):
