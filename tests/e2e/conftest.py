@@ -39,9 +39,12 @@ def _version(pyproject: Path) -> str:
     raise RuntimeError(f"no version in {pyproject}")
 
 
-RUNTIME_IMAGE = os.environ.get("FTJOB_E2E_IMAGE") or f"finetune-operator/cpu:{_version(REPO / 'runtime/pyproject.toml')}"
+RUNTIME_IMAGE = (
+    os.environ.get("FTJOB_E2E_IMAGE") or f"finetune-operator/cpu:{_version(REPO / 'runtime/pyproject.toml')}"
+)
 OPERATOR_IMAGE = (
-    os.environ.get("FTJOB_E2E_OPERATOR_IMAGE") or f"finetune-operator/operator:{_version(REPO / 'operator/pyproject.toml')}"
+    os.environ.get("FTJOB_E2E_OPERATOR_IMAGE")
+    or f"finetune-operator/operator:{_version(REPO / 'operator/pyproject.toml')}"
 )
 OPERATOR_NS = "ftjob-system"
 RESTRICTED = {

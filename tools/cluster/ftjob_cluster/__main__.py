@@ -1,7 +1,8 @@
 """ftjob-cluster: pinned Kubernetes binaries and a local control plane (see docs/cluster.md).
 
 bin NAME...      print absolute paths of pinned binaries, fetching/building them first
-build            fetch kubectl/helm and build etcd + control plane into the cache
+build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS)
+node-check       say whether this machine can run a node
 up --dir DIR     start a control plane that keeps running after this command exits, with a node
                  (kubelet, containerd, kube-proxy, CoreDNS) when this machine can run one (--node)
 down --dir DIR   stop it and undo the node's host changes
@@ -27,12 +28,23 @@ def _cmd_bin(args: argparse.Namespace) -> int:
 
 def _cmd_build(args: argparse.Namespace) -> int:
     bins.fetch_client_binaries(force=args.force)
-    result = bins.build_go_binaries(force=args.force)
-    if result is not None:
-        print(f"go build took {result.seconds:.0f} s")
-    for name in bins.tool_names():
-        print(bins.ensure_binary(name))
+    groups = ["node", "coredns"] if args.node else ["control-plane"]
+    for group in groups:
+        result = bins.build_go_binaries(force=args.force, group=group)
+        if result is not None:
+            print(f"go build of {group} took {result.seconds:.0f} s")
+    for group in groups:
+        for name in bins.go_builds()[group].packages:
+            print(bins.ensure_binary(name))
     return 0
+
+
+def _cmd_node_check(args: argparse.Namespace) -> int:
+    from ftjob_cluster import node
+
+    reason = node.unavailable_reason()
+    print(f"no node on this machine: {reason}" if reason else "this machine can run a node")
+    return 1 if reason else 0
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -110,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_cmd_bin)
     p = sub.add_parser("build", help="fetch kubectl/helm and build etcd + control plane into the cache")
     p.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
+    p.add_argument("--node", action="store_true", help="build the node's kubelet, kube-proxy and CoreDNS instead")
     p.set_defaults(func=_cmd_build)
+    p = sub.add_parser("node-check", help="say whether this machine can run a node (exit 1 and why if not)")
+    p.set_defaults(func=_cmd_node_check)
     for name, func, text in (
         ("up", _cmd_up, "start a detached control plane"),
         ("down", _cmd_down, "stop a detached control plane"),
