@@ -136,10 +136,13 @@ def prepare_host(state_file: Path) -> None:
     _run("ip", "link", "set", DUMMY_IF, "up")
     for cidr in (SERVICE_CIDR, POD_RANGE, NODE_IP_RANGE):
         _run("ip", "route", "replace", "blackhole", cidr)
-    # Pod traffic may reach pods and this machine's own addresses (INPUT, not FORWARD); nothing else.
-    _run("iptables", "-N", EGRESS_CHAIN, check=False)
-    _run("iptables", "-F", EGRESS_CHAIN)
-    _run("iptables", "-A", EGRESS_CHAIN, "-s", POD_RANGE, "!", "-d", POD_RANGE, "-j", "REJECT")
+    # Pod traffic may reach pods and this machine's own addresses (INPUT, not FORWARD); nothing else. The rule
+    # sits in our chain first in FORWARD and in CNI-ADMIN, which the CNI firewall plugin evaluates before the
+    # per-pod ACCEPTs it adds (its jump may land above ours).
+    for chain in (EGRESS_CHAIN, "CNI-ADMIN"):
+        _run("iptables", "-N", chain, check=False)
+        _run("iptables", "-F", chain)
+        _run("iptables", "-A", chain, "-s", POD_RANGE, "!", "-d", POD_RANGE, "-j", "REJECT")
     if _run("iptables", "-C", "FORWARD", "-j", EGRESS_CHAIN, check=False).returncode != 0:
         _run("iptables", "-I", "FORWARD", "1", "-j", EGRESS_CHAIN)
 
