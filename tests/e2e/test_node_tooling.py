@@ -38,6 +38,6 @@ def test_pause_archive_is_a_docker_save_tarball() -> None:
         manifest = json.loads(t.extractfile("manifest.json").read())  # type: ignore[union-attr]
         assert manifest[0]["RepoTags"] == [node.PAUSE_IMAGE]
         config = json.loads(t.extractfile(manifest[0]["Config"]).read())  # type: ignore[union-attr]
-        layer = tarfile.open(fileobj=t.extractfile(manifest[0]["Layers"][0]))
-        assert layer.getmember("pause").mode == 0o755
+        with tarfile.open(fileobj=t.extractfile(manifest[0]["Layers"][0])) as layer:
+            assert layer.getmember("pause").mode == 0o755
     assert config["config"]["Entrypoint"] == ["/pause"]
