@@ -94,6 +94,8 @@ def unavailable_reason() -> str | None:
             return f"{tool} is missing (hack/apt-install.sh --tier test-e2e installs it)"
     if not Path("/usr/lib/cni/bridge").exists():
         return "CNI plugins are missing (Debian containernetworking-plugins)"
+    if Path(f"/sys/class/net/{DUMMY_IF}").exists():
+        return f"a node already runs on this machine (interface {DUMMY_IF} exists; make cluster-down stops it)"
     if shutil.which("go") is None and not all((bins.bin_dir() / n).exists() for n in ("kubelet", "coredns")):
         return "the Go toolchain is needed to build kubelet, kube-proxy and CoreDNS"
     return None
