@@ -83,15 +83,19 @@ def test_torchrun_ja_sentiment_two_pods(kubectl: Kubectl, job_namespace: tuple[s
 def test_mpi_mpich_squad_launcher_and_two_workers(kubectl: Kubectl, job_namespace: tuple[str, Path]) -> None:
     ns, host = job_namespace
     kubectl("-n", ns, "apply", "-f", str(JOBS / "squad-mpich.yaml"))
+    running: set[str] = set()  # workers are deleted once the launcher is done (cleanPodPolicy Running)
+
+    def done() -> dict[str, Any] | None:
+        out = kubectl("-n", ns, "get", "pods", "--field-selector=status.phase=Running", "-o", "name", check=False)
+        running.update(n.removeprefix("pod/") for n in out.stdout.split())
+        return _finished(kubectl, ns, "squad-mpi")
+
     try:
-        job = wait_for(lambda: _finished(kubectl, ns, "squad-mpi"), timeout=JOB_TIMEOUT, interval=2.0,
-                       message="squad-mpi to finish")  # fmt: skip
+        job = wait_for(done, timeout=JOB_TIMEOUT, interval=2.0, message="squad-mpi to finish")
     except TimeoutError:
         pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}")
     assert isinstance(job, dict)
     assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
-    names = [p["metadata"]["name"] for p in json.loads(kubectl("-n", ns, "get", "pods", "-o", "json").stdout)["items"]]
-    assert "squad-mpi-launcher" in names, names
-    assert {"squad-mpi-worker-0", "squad-mpi-worker-1"} <= set(names), names
+    assert {"squad-mpi-launcher", "squad-mpi-worker-0", "squad-mpi-worker-1"} <= running, running
     metrics = list((host / "squad-mpi").rglob("*metrics*.json"))
     assert metrics, sorted(str(p) for p in (host / "squad-mpi").rglob("*"))[:50]
