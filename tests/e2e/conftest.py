@@ -80,6 +80,8 @@ def node_cluster() -> Iterator[NodeCluster]:
         finally:
             node.stop(cluster, directory)
             print(f"[ftjob-e2e] node stopped; logs in {directory / 'logs'}", flush=True)
+    left = node.leftovers(directory / "node")
+    assert not left, f"cluster-down left host changes behind: {left}"
 
 
 @pytest.fixture(scope="session")

@@ -90,8 +90,11 @@ def _cmd_down(args: argparse.Namespace) -> int:
     directory = args.dir.resolve()
     if (directory / "node" / "host-state.json").exists():
         node.stop(None, directory)
-        print(f"stopped the cluster and its node, host changes undone, in {time.monotonic() - start:.1f} s")
-        return 0
+        left = node.leftovers(directory / "node")
+        print(f"stopped the cluster and its node in {time.monotonic() - start:.1f} s; host changes undone")
+        for item in left:
+            print(f"  still present: {item}", file=sys.stderr)
+        return 1 if left else 0
     stopped = LocalCluster.stop_detached(directory)
     if stopped:
         print(f"stopped {', '.join(stopped)} in {time.monotonic() - start:.1f} s")

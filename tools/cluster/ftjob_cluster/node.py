@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -154,8 +155,8 @@ def _remove_chains() -> None:
         for table in ("filter", "nat", "mangle"):
             rules = _run(tool, "-t", table, "-S", check=False).stdout.decode().splitlines()
             ours = [r.split()[1] for r in rules if r.startswith("-N ") and r.split()[1].startswith(CHAIN_PREFIXES)]
-            for rule in rules:  # jumps from built-in chains into ours
-                parts = rule.split()
+            for rule in rules:  # jumps from built-in chains into ours (comments are quoted: shlex)
+                parts = shlex.split(rule)
                 jumps_to_ours = "-j" in parts and parts[parts.index("-j") + 1] in ours
                 if parts[:1] == ["-A"] and parts[1] not in ours and jumps_to_ours:
                     _run(tool, "-t", table, "-D", *parts[1:], check=False)
@@ -604,4 +605,23 @@ def docker_has(ref: str, *, warn: bool = False) -> bool:
     found = shutil.which("docker") is not None and _run("docker", "image", "inspect", ref, check=False).returncode == 0
     if not found and warn:
         print(f"[ftjob-cluster] {ref} is not built (not in Docker): not imported into the node")
+    return found
+
+
+def leftovers(node_dir: Path) -> list[str]:
+    """Host changes of a node still present (after `stop`, this is empty: the e2e session asserts it)."""
+    found = [f"interface {i}" for i in (DUMMY_IF, BRIDGE) if Path(f"/sys/class/net/{i}").exists()]
+    routes = _run("ip", "route", "show", "type", "blackhole", check=False).stdout.decode()
+    found += [f"route blackhole {c}" for c in (SERVICE_CIDR, POD_RANGE, NODE_IP_RANGE) if c in routes]
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            rules = _run(tool, "-t", table, "-S", check=False).stdout.decode().splitlines()
+            found += [
+                f"{tool} -t {table} {r}" for r in rules if r.startswith("-N ") and r[3:].startswith(CHAIN_PREFIXES)
+            ]
+    roots = (str(node_dir), str(RUN_DIR), "/var/lib/kubelet", "/var/run/netns/cni-")
+    found += [f"mount {m}" for m in (ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines())
+              if m.startswith(roots)]  # fmt: skip
+    found += [f"cgroup {h}/kubepods" for h in Path("/sys/fs/cgroup").iterdir() if (h / "kubepods").is_dir()]
+    found += [f"path {p}" for p in (str(RUN_DIR),) if Path(p).exists()]
     return found
