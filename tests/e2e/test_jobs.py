@@ -68,7 +68,7 @@ def test_torchrun_ja_sentiment_two_pods(kubectl: Kubectl, job_namespace: tuple[s
     ranks = [p for p in pods if p["metadata"]["name"].startswith("ja-sentiment-rank-")]
     assert len(ranks) == 2, [p["metadata"]["name"] for p in pods]
     env = {e["name"]: e.get("value", "") for e in ranks[1]["spec"]["containers"][0].get("env", [])}
-    assert env["MASTER_ADDR"] == f"ja-sentiment-rank-0.ja-sentiment.{ns}.svc", env
+    assert env["FTJOB_MASTER_ADDR"] == f"ja-sentiment-rank-0.ja-sentiment.{ns}.svc", env
     assert all(p["status"]["phase"] == "Succeeded" for p in ranks), [p["status"] for p in ranks]
     # The saved model, read from the volume on this host, loads in a transformers pipeline and predicts.
     model = host / "ja-sentiment" / "model"
