@@ -3,8 +3,8 @@
 bin NAME...      print absolute paths of pinned binaries, fetching/building them first
 build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS)
 node-check       say whether this machine can run a node
-up --dir DIR     start a control plane that keeps running after this command exits, with a node
-                 (kubelet, containerd, kube-proxy, CoreDNS) when this machine can run one (--node)
+up --dir DIR     start a control plane that keeps running after this command exits; --node auto|on adds a
+                 node (kubelet, containerd, kube-proxy, CoreDNS) when this machine can run one
 down --dir DIR   stop it and undo the node's host changes
 status --dir DIR say whether it runs and where its kubeconfig is
 """
@@ -137,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("--dir", type=Path, required=True, help="cluster directory (kubeconfig, pki, logs)")
         if name == "up":
+            # Off by default: a node is a machine-wide singleton; `make cluster-up` asks for auto.
             p.add_argument(
                 "--node",
                 choices=("auto", "on", "off"),
-                default="auto",
+                default="off",
                 help="start a node: auto = when this machine can (root, cgroups, containerd)",
             )
             p.add_argument(
