@@ -1,9 +1,12 @@
 """ftjob-cluster: pinned Kubernetes binaries and a local control plane (see docs/cluster.md).
 
 bin NAME...      print absolute paths of pinned binaries, fetching/building them first (`bin kueue` builds Kueue)
-build            fetch kubectl/helm and build etcd + control plane into the cache (not Kueue)
-up --dir DIR     start a control plane that keeps running after this command exits
-down --dir DIR   stop it
+build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS; never
+                 Kueue: `make kueue-bin`, only the Kueue tier needs it)
+node-check       say whether this machine can run a node
+up --dir DIR     start a control plane that keeps running after this command exits; --node auto|on adds a
+                 node (kubelet, containerd, kube-proxy, CoreDNS) when this machine can run one
+down --dir DIR   stop it and undo the node's host changes
 status --dir DIR say whether it runs and where its kubeconfig is
 """
 
@@ -26,17 +29,28 @@ def _cmd_bin(args: argparse.Namespace) -> int:
 
 def _cmd_build(args: argparse.Namespace) -> int:
     bins.fetch_client_binaries(force=args.force)
-    result = bins.build_go_binaries(force=args.force)
-    if result is not None:
-        print(f"go build took {result.seconds:.0f} s")
-    for name in bins.tool_names():
-        if name != "kueue":  # its own target (make kueue-bin): only the Kueue tier needs it
+    groups = ["node", "coredns"] if args.node else ["control-plane"]
+    for group in groups:
+        result = bins.build_go_binaries(force=args.force, group=group)
+        if result is not None:
+            print(f"go build of {group} took {result.seconds:.0f} s")
+    for group in groups:
+        for name in bins.go_builds()[group].packages:
             print(bins.ensure_binary(name))
     return 0
 
 
+def _cmd_node_check(args: argparse.Namespace) -> int:
+    from ftjob_cluster import node
+
+    reason = node.unavailable_reason()
+    print(f"no node on this machine: {reason}" if reason else "this machine can run a node")
+    return 1 if reason else 0
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     # Imported here: the PKI needs `cryptography`, which `bin`/`build` on a bare python3 must not require.
+    from ftjob_cluster import node
     from ftjob_cluster.localcluster import LocalCluster
 
     directory = args.dir.resolve()
@@ -44,7 +58,21 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"a cluster already runs from {directory} (make cluster-down first)", file=sys.stderr)
         return 1
     directory.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(directory).start(detach=True)
+    reason = node.unavailable_reason() if args.node != "off" else "--node off"
+    if reason and args.node == "on":
+        print(f"cannot start a node: {reason}", file=sys.stderr)
+        return 1
+    if reason:
+        print(f"control plane only, no node: {reason}")
+        cluster = LocalCluster(directory).start(detach=True)
+    else:
+        cluster = node.node_cluster(directory)
+        try:
+            times = node.start(cluster, [i for i in args.image if node.docker_has(i, warn=True)], detach=True)
+        except BaseException:
+            node.stop(None, directory)
+            raise
+        print(f"node {node.NODE_NAME} Ready ({', '.join(f'{k} {v:.1f}' for k, v in times.items())})")
     kubectl = bins.ensure_binary("kubectl")
     print(f"control plane {bins.K8S_VERSION} up in {cluster.startup_seconds:.1f} s at {cluster.server}")
     print(f"logs: {directory / 'logs'}")
@@ -56,10 +84,19 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
+    from ftjob_cluster import node
     from ftjob_cluster.localcluster import LocalCluster
 
     start = time.monotonic()
-    stopped = LocalCluster.stop_detached(args.dir.resolve())
+    directory = args.dir.resolve()
+    if (directory / "node" / "host-state.json").exists():
+        node.stop(None, directory)
+        left = node.leftovers(directory / "node")
+        print(f"stopped the cluster and its node in {time.monotonic() - start:.1f} s; host changes undone")
+        for item in left:
+            print(f"  still present: {item}", file=sys.stderr)
+        return 1 if left else 0
+    stopped = LocalCluster.stop_detached(directory)
     if stopped:
         print(f"stopped {', '.join(stopped)} in {time.monotonic() - start:.1f} s")
     else:
@@ -89,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_cmd_bin)
     p = sub.add_parser("build", help="fetch kubectl/helm and build etcd + control plane into the cache")
     p.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
+    p.add_argument("--node", action="store_true", help="build the node's kubelet, kube-proxy and CoreDNS instead")
     p.set_defaults(func=_cmd_build)
+    p = sub.add_parser("node-check", help="say whether this machine can run a node (exit 1 and why if not)")
+    p.set_defaults(func=_cmd_node_check)
     for name, func, text in (
         ("up", _cmd_up, "start a detached control plane"),
         ("down", _cmd_down, "stop a detached control plane"),
@@ -97,6 +137,20 @@ def main(argv: list[str] | None = None) -> int:
     ):
         p = sub.add_parser(name, help=text)
         p.add_argument("--dir", type=Path, required=True, help="cluster directory (kubeconfig, pki, logs)")
+        if name == "up":
+            # Off by default: a node is a machine-wide singleton; `make cluster-up` asks for auto.
+            p.add_argument(
+                "--node",
+                choices=("auto", "on", "off"),
+                default="off",
+                help="start a node: auto = when this machine can (root, cgroups, containerd)",
+            )
+            p.add_argument(
+                "--image",
+                action="append",
+                default=[],
+                help="Docker image to import into the node's containerd (re-imported when its ID changes)",
+            )
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
     return int(args.func(args))

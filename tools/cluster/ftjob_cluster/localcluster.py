@@ -107,6 +107,9 @@ class Context:
     serving: pki.KeyPair
     service_account: pki.KeyPair
     endpoints: dict[str, str] = field(default_factory=dict)  # e.g. "etcd" -> "http://127.0.0.1:2379"
+    # Where the API server listens and what it advertises: loopback, or (node tier) an address pods can route
+    # to, so the `kubernetes` Service reaches it through kube-proxy.
+    api_address: str = "127.0.0.1"
 
     @property
     def pki_dir(self) -> Path:
@@ -273,14 +276,14 @@ class KubeApiserver(Component):
 
     def prepare(self, ctx: Context) -> None:
         self.port = free_port()
-        self.endpoint = f"https://127.0.0.1:{self.port}"
+        self.endpoint = f"https://{ctx.api_address}:{self.port}"
 
     def args(self, ctx: Context) -> list[str]:
         p = ctx.pki_dir
         return [
             f"--etcd-servers={ctx.endpoints['etcd']}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={ctx.api_address}",
+            f"--advertise-address={ctx.api_address}",
             # The `kubernetes` Service's endpoints may not point at loopback, and nothing in this tier
             # reaches the apiserver through that Service. A node tier with pods that do sets a routable
             # --advertise-address and --endpoint-reconciler-type=lease via extra_args.
@@ -385,7 +388,9 @@ class LocalCluster:
         directory: Path | None = None,
         components: Sequence[Component] | None = None,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
+        api_address: str = "127.0.0.1",
     ) -> None:
+        self.api_address = api_address
         self._owns_dir = directory is None
         self.directory = Path(tempfile.mkdtemp(prefix="ftjob-cluster-")) if directory is None else directory
         self.components = list(components) if components is not None else control_plane()
@@ -422,7 +427,7 @@ class LocalCluster:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            ips=("127.0.0.1", SERVICE_FIRST_IP),
+            ips=tuple(dict.fromkeys(("127.0.0.1", SERVICE_FIRST_IP, self.api_address))),
             server=True,
         )
         ca.issue("admin", ADMIN_USER, organizations=(ADMIN_GROUP,), client=True)
@@ -432,7 +437,7 @@ class LocalCluster:
         ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", organizations=(ADMIN_GROUP,),
                  client=True)  # fmt: skip
         ca.issue("kubelet-serving", "kubelet", dns_names=("localhost",), ips=("127.0.0.1",), server=True)
-        return Context(d, ca, serving, pki.service_account_keys(d / "pki"))
+        return Context(d, ca, serving, pki.service_account_keys(d / "pki"), api_address=self.api_address)
 
     def start(self, *, detach: bool = False) -> LocalCluster:
         """Start every component in order, each healthy before the next. Raises ClusterError (logs kept)."""

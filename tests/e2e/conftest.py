@@ -1,0 +1,163 @@
+"""End-to-end tier: a LocalCluster with a real node (kubelet, containerd, runc, CNI bridge, kube-proxy,
+CoreDNS), the operator installed by Helm as a pod, and FineTuneJobs applied with kubectl (docs/cluster.md).
+
+The session skips, saying why, where this machine cannot run a node (not root, no cgroups, no containerd) or
+the images are not built (`make test-e2e` builds them). Nothing here writes pod status or serves logs: the
+kubelet does.
+
+Fixtures: `node_cluster`, `kubectl`, `operator` (the Helm release), `job_namespace` (restricted Pod Security,
+with an `output` claim on a hostPath ReadWriteMany volume that holds the examples' models and data).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools" / "cluster"))
+
+from ftjob_cluster import bins, node  # noqa: E402
+from ftjob_cluster.localcluster import LocalCluster, wait_for  # noqa: E402
+from ftjob_cluster.testing import Kubectl, make_kubectl  # noqa: E402
+
+
+def _version(pyproject: Path) -> str:
+    for line in pyproject.read_text().splitlines():
+        if line.startswith("version = "):
+            return line.split('"')[1]
+    raise RuntimeError(f"no version in {pyproject}")
+
+
+RUNTIME_IMAGE = (
+    os.environ.get("FTJOB_E2E_IMAGE") or f"finetune-operator/cpu:{_version(REPO / 'runtime/pyproject.toml')}"
+)
+OPERATOR_IMAGE = (
+    os.environ.get("FTJOB_E2E_OPERATOR_IMAGE")
+    or f"finetune-operator/operator:{_version(REPO / 'operator/pyproject.toml')}"
+)
+OPERATOR_NS = "ftjob-system"
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+
+
+@dataclass(frozen=True)
+class NodeCluster:
+    cluster: LocalCluster
+    kubeconfig: Path
+    volumes: Path  # host directory under which the hostPath PersistentVolumes live
+
+
+@pytest.fixture(scope="session")
+def node_cluster() -> Iterator[NodeCluster]:
+    reason = node.unavailable_reason()
+    if reason:
+        pytest.skip(f"no node on this machine: {reason}")
+    for ref in (RUNTIME_IMAGE, OPERATOR_IMAGE):
+        if not node.docker_has(ref):
+            pytest.skip(f"image {ref} is not built (make image-cpu image-operator, or make test-e2e)")
+    directory = Path(tempfile.mkdtemp(prefix="ftjob-e2e-"))
+    cluster = node.node_cluster(directory)
+    with node.node_lock():
+        try:
+            times = node.start(cluster, [RUNTIME_IMAGE, OPERATOR_IMAGE], detach=False)
+            print(f"[ftjob-e2e] {', '.join(f'{k} {v:.1f}' for k, v in times.items())}", flush=True)
+            volumes = directory / "volumes"
+            volumes.mkdir()
+            yield NodeCluster(cluster, cluster.kubeconfig, volumes)
+        finally:
+            node.stop(cluster, directory)
+            print(f"[ftjob-e2e] node stopped; logs in {directory / 'logs'}", flush=True)
+    left = node.leftovers(directory / "node")
+    assert not left, f"cluster-down left host changes behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def kubectl(node_cluster: NodeCluster) -> Kubectl:
+    return make_kubectl(bins.ensure_binary("kubectl"), node_cluster.kubeconfig)
+
+
+def _namespace(kubectl: Kubectl, name: str) -> None:
+    labels = {"name": name, "labels": RESTRICTED}
+    manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": labels}
+    kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    wait_for(lambda: kubectl("-n", name, "get", "sa", "default", check=False).returncode == 0,
+             timeout=60, message=f"default ServiceAccount in {name}")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def operator(node_cluster: NodeCluster, kubectl: Kubectl) -> str:
+    """`helm install` of charts/finetune-operator with the operator image; returns the release namespace."""
+    _namespace(kubectl, OPERATOR_NS)
+    repo, _, tag = OPERATOR_IMAGE.rpartition(":")
+    runtime_tag = RUNTIME_IMAGE.rpartition(":")[2]
+    helm = bins.ensure_binary("helm")
+    subprocess.run(
+        [str(helm), "install", "ftjob", str(REPO / "charts" / "finetune-operator"), "-n", OPERATOR_NS,
+         f"--kubeconfig={node_cluster.kubeconfig}", "--set", f"operator.image.repository={repo}",
+         "--set", f"operator.image.tag={tag}", "--set", f"runtimeImages.tag={runtime_tag}",
+         "--wait", "--timeout=180s"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return OPERATOR_NS
+
+
+@pytest.fixture
+def job_namespace(node_cluster: NodeCluster, kubectl: Kubectl, operator: str) -> Iterator[tuple[str, Path]]:
+    """A restricted namespace with claim `results` (hostPath PV, RWX) holding examples/; yields (ns, host dir)."""
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    _namespace(kubectl, name)
+    host = node_cluster.volumes / name
+    shutil.copytree(REPO / "examples" / "models", host / "examples" / "models")
+    shutil.copytree(REPO / "examples" / "data", host / "examples" / "data")
+    os.chmod(host, 0o777)  # the pods run as uid 1000 (the images' ftjob user)
+    for p in host.rglob("*"):
+        os.chmod(p, 0o777 if p.is_dir() else 0o666)
+    kubectl("apply", "-f", "-", input=json.dumps(hostpath_claim(name, "results", host)))
+    try:
+        yield name, host
+    finally:
+        kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False, timeout=180)
+        kubectl("delete", "pv", f"{name}-results", "--wait=false", check=False)
+
+
+def hostpath_claim(namespace: str, claim: str, host: Path) -> dict[str, object]:
+    """A static ReadWriteMany hostPath PV pre-bound to claim `claim` in `namespace`, and that claim."""
+    pv_name = f"{namespace}-{claim}"
+    common = {"accessModes": ["ReadWriteMany"], "storageClassName": "ftjob-hostpath"}
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": pv_name},
+                "spec": {
+                    **common,
+                    "capacity": {"storage": "10Gi"},
+                    "hostPath": {"path": str(host), "type": "Directory"},
+                    "claimRef": {"namespace": namespace, "name": claim},
+                    "persistentVolumeReclaimPolicy": "Retain",
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": namespace},
+                "spec": {**common, "volumeName": pv_name, "resources": {"requests": {"storage": "10Gi"}}},
+            },
+        ],
+    }

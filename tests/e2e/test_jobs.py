@@ -1,0 +1,105 @@
+"""Seed jobs end to end on the real node: `kubectl apply -f` a FineTuneJob, the operator (a pod installed by
+Helm, in-cluster credentials) renders pods that the kubelet runs from the locally built cpu image."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftjob_cluster.localcluster import wait_for
+from ftjob_cluster.testing import Kubectl
+
+JOBS = Path(__file__).resolve().parent / "jobs"
+# First runs import the model and tokenizer on 2 shared cores: minutes, not seconds.
+JOB_TIMEOUT = 900.0
+
+
+def _ftj(kubectl: Kubectl, ns: str, name: str) -> dict[str, Any]:
+    return dict(json.loads(kubectl("-n", ns, "get", "ftj", name, "-o", "json").stdout))
+
+
+def _finished(kubectl: Kubectl, ns: str, name: str) -> dict[str, Any] | None:
+    job = _ftj(kubectl, ns, name)
+    return job if job.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+
+def _diagnose(kubectl: Kubectl, ns: str) -> str:
+    pods = kubectl("-n", ns, "get", "pods", "-o", "wide", check=False).stdout
+    events = kubectl("-n", ns, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout[-3000:]
+    return f"pods:\n{pods}\nevents:\n{events}"
+
+
+def test_operator_runs_in_cluster_with_service_account(kubectl: Kubectl, operator: str) -> None:
+    pod = json.loads(kubectl("-n", operator, "get", "pods", "-o", "json").stdout)["items"][0]
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] != "default"
+    assert pod["status"]["phase"] == "Running"
+    # In-cluster config: no mounted kubeconfig, the API server through the `kubernetes` Service.
+    mounts = [m["mountPath"] for c in spec["containers"] for m in c.get("volumeMounts", [])]
+    assert not any("kubeconfig" in m for m in mounts), mounts
+    ns = json.loads(kubectl("get", "ns", operator, "-o", "json").stdout)
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_torchrun_ja_sentiment_two_pods(kubectl: Kubectl, job_namespace: tuple[str, Path]) -> None:
+    ns, host = job_namespace
+    kubectl("-n", ns, "apply", "-f", str(JOBS / "ja-sentiment-torchrun.yaml"))
+    progress: list[str] = []
+
+    def done() -> dict[str, Any] | None:
+        line = kubectl("-n", ns, "get", "ftj", "ja-sentiment", "--no-headers", check=False).stdout.strip()
+        if line and line not in progress:
+            progress.append(line)
+        return _finished(kubectl, ns, "ja-sentiment")
+
+    try:
+        job = wait_for(done, timeout=JOB_TIMEOUT, interval=2.0, message="ja-sentiment to finish")
+    except TimeoutError:
+        pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}\nprogress seen: {progress}")
+    assert isinstance(job, dict)
+    assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
+    # `kubectl get ftj` showed progress that came from rank 0's real container log (a step count).
+    assert any("/" in line.split()[4] for line in progress if len(line.split()) > 5), progress
+    # Two rank pods ran and rendezvoused through the headless Service's DNS name.
+    pods = json.loads(kubectl("-n", ns, "get", "pods", "-o", "json").stdout)["items"]
+    ranks = [p for p in pods if p["metadata"]["name"].startswith("ja-sentiment-rank-")]
+    assert len(ranks) == 2, [p["metadata"]["name"] for p in pods]
+    env = {e["name"]: e.get("value", "") for e in ranks[1]["spec"]["containers"][0].get("env", [])}
+    assert env["FTJOB_MASTER_ADDR"] == f"ja-sentiment-rank-0.ja-sentiment.{ns}.svc", env
+    assert all(p["status"]["phase"] == "Succeeded" for p in ranks), [p["status"] for p in ranks]
+    # The saved model, read from the volume on this host, loads in a transformers pipeline and predicts.
+    model = host / "ja-sentiment" / "model"
+    assert (model / "config.json").exists(), sorted(str(p) for p in (host / "ja-sentiment").rglob("*"))[:50]
+    from transformers import pipeline
+
+    clf = pipeline("text-classification", model=str(model))
+    out = clf(["この商品は本当に素晴らしいです。"])
+    assert out[0]["label"] in ("negative", "positive"), out
+
+
+# Found by this tier (the simulated-node tier cannot see it): under a real kubelet the pods' HOME is an emptyDir
+# owned by root (fsGroup gives group 1000 only), so the runtime's `os.chmod(HOME, ...)` before sshd (sshd.py,
+# prepare_sshd) fails with EPERM and every worker exits 1. strict: this fails as soon as the runtime is fixed.
+@pytest.mark.xfail(strict=True, reason="runtime sshd chmods the root-owned emptyDir HOME: EPERM as uid 1000")
+def test_mpi_mpich_squad_launcher_and_two_workers(kubectl: Kubectl, job_namespace: tuple[str, Path]) -> None:
+    ns, host = job_namespace
+    kubectl("-n", ns, "apply", "-f", str(JOBS / "squad-mpich.yaml"))
+    running: set[str] = set()  # workers are deleted once the launcher is done (cleanPodPolicy Running)
+
+    def done() -> dict[str, Any] | None:
+        out = kubectl("-n", ns, "get", "pods", "--field-selector=status.phase=Running", "-o", "name", check=False)
+        running.update(n.removeprefix("pod/") for n in out.stdout.split())
+        return _finished(kubectl, ns, "squad-mpi")
+
+    try:
+        job = wait_for(done, timeout=JOB_TIMEOUT, interval=2.0, message="squad-mpi to finish")
+    except TimeoutError:
+        pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}")
+    assert isinstance(job, dict)
+    assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
+    assert {"squad-mpi-launcher", "squad-mpi-worker-0", "squad-mpi-worker-1"} <= running, running
+    metrics = list((host / "squad-mpi").rglob("*metrics*.json"))
+    assert metrics, sorted(str(p) for p in (host / "squad-mpi").rglob("*"))[:50]
