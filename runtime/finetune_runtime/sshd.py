@@ -8,10 +8,13 @@ workdir so that a user's own ~/.ssh is never written).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+
+log = logging.getLogger("finetune_runtime")
 
 DEFAULT_SECRET_DIR = "/etc/ftjob/ssh"
 DEFAULT_HOME = "/home/ftjob"  # the image user's home (images/common/add-user.sh)
@@ -48,7 +51,7 @@ def install_keys(secret_dir: Path, ssh_dir: Path, required: tuple[str, ...]) -> 
     return ssh_dir
 
 
-def sshd_config(ssh_dir: Path, port: str) -> str:
+def sshd_config(ssh_dir: Path, port: str, strict_modes: bool = True) -> str:
     return "\n".join([
         f"Port {port}",
         f"HostKey {ssh_dir / 'ssh_host_ed25519_key'}",
@@ -59,7 +62,7 @@ def sshd_config(ssh_dir: Path, port: str) -> str:
         "PubkeyAuthentication yes",
         # Non-root sshd cannot use PAM or privilege separation; it can only log in as its own user.
         "UsePAM no",
-        "StrictModes yes",
+        f"StrictModes {'yes' if strict_modes else 'no'}",
         "PermitUserEnvironment no",
         "PrintMotd no",
         "AcceptEnv FTJOB_* OMP_* KMP_* CCL_* FI_* NEURON_* I_MPI_*",
@@ -73,13 +76,31 @@ def sshd_plan(ssh_dir: Path) -> tuple[list[str], Path]:
     return [sshd, "-D", "-e", "-f", str(cfg)], cfg
 
 
+def secure_parent(ssh_dir: Path) -> bool:
+    """StrictModes also checks the directory above the keys (the home in pods) up to the passwd home: no
+    group/other write there. Returns False where that cannot be made so: in a pod the home is an emptyDir, which
+    the kubelet creates root-owned and mode 0777 (fsGroup changes only its group), and uid 1000 may not chmod it.
+    sshd then runs with StrictModes off; the keys themselves stay 0600 in a 0700 directory this user owns, and
+    the pod runs no other user that could write to the home."""
+    home = ssh_dir.parent
+    mode = os.stat(home).st_mode
+    if not mode & 0o022:
+        return True
+    try:
+        os.chmod(home, mode & ~0o022)
+        return True
+    except PermissionError:
+        log.warning("sshd: %s is group/world-writable and not ours to chmod (an emptyDir home): "
+                    "StrictModes off; the keys stay private in %s", home, ssh_dir)
+        return False
+
+
 def prepare_sshd(env: Mapping[str, str]) -> list[str]:
     secret = Path(env.get("FTJOB_SSH_SECRET_DIR") or DEFAULT_SECRET_DIR)
     d = install_keys(secret, runtime_ssh_dir(env), required=WORKER_KEYS)
-    # StrictModes also checks the directory above (the home in pods): no group/other write there.
-    os.chmod(d.parent, os.stat(d.parent).st_mode & ~0o022)
+    strict = secure_parent(d)
     argv, cfg = sshd_plan(d)
-    cfg.write_text(sshd_config(d, env.get("FTJOB_SSH_PORT") or "2222"), encoding="utf-8")
+    cfg.write_text(sshd_config(d, env.get("FTJOB_SSH_PORT") or "2222", strict_modes=strict), encoding="utf-8")
     os.chmod(cfg, 0o600)
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # root sshd wants its privilege-separation dir

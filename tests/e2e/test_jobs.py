@@ -81,9 +81,8 @@ def test_torchrun_ja_sentiment_two_pods(kubectl: Kubectl, job_namespace: tuple[s
 
 
 # Found by this tier (the simulated-node tier cannot see it): under a real kubelet the pods' HOME is an emptyDir
-# owned by root (fsGroup gives group 1000 only), so the runtime's `os.chmod(HOME, ...)` before sshd (sshd.py,
-# prepare_sshd) fails with EPERM and every worker exits 1. strict: this fails as soon as the runtime is fixed.
-@pytest.mark.xfail(strict=True, reason="runtime sshd chmods the root-owned emptyDir HOME: EPERM as uid 1000")
+# owned by root and 0777 (fsGroup gives group 1000 only), which uid 1000 may not chmod; sshd then runs without
+# StrictModes (sshd.secure_parent) instead of every worker exiting 1.
 def test_mpi_mpich_squad_launcher_and_two_workers(kubectl: Kubectl, job_namespace: tuple[str, Path]) -> None:
     ns, host = job_namespace
     kubectl("-n", ns, "apply", "-f", str(JOBS / "squad-mpich.yaml"))

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -492,6 +497,7 @@ def test_install_keys_fixes_modes(tmp_path: Path) -> None:
     assert modes["id_ed25519.pub"] == "0o644" and oct(d.stat().st_mode & 0o777) == "0o700"
     assert modes["known_hosts"] == "0o644"
     assert not home.stat().st_mode & 0o022  # sshd's StrictModes checks the directory above too
+    assert "StrictModes yes" in (d / "sshd_config").read_text()
     assert f"AuthorizedKeysFile {d}/authorized_keys" in sshd_config(d, "2222")
     (secret / "authorized_keys").unlink()
     with pytest.raises(FileNotFoundError, match="authorized_keys"):
@@ -499,6 +505,36 @@ def test_install_keys_fixes_modes(tmp_path: Path) -> None:
     (secret / "known_hosts").unlink()
     with pytest.raises(FileNotFoundError, match="known_hosts"):  # a launcher never trusts on first use
         install_keys(secret, tmp_path / "home3" / ".ssh", required=LAUNCHER_KEYS)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root to make a root-owned home and setpriv to run as uid 1000")
+def test_sshd_in_a_root_owned_world_writable_home_runs_without_strict_modes() -> None:
+    """A pod's HOME is an emptyDir the kubelet makes root-owned and 0777; the image user (uid 1000) may not chmod
+    it, so sshd cannot have StrictModes there: prepare_sshd must still set up the keys (found by the e2e tier)."""
+    base = Path(tempfile.mkdtemp(prefix="ftjob-sshd-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        secret, home = base / "secret", base / "home"
+        secret.mkdir(mode=0o755)
+        for n in ("authorized_keys", "ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
+            (secret / n).write_text(n)
+            (secret / n).chmod(0o444)
+        home.mkdir()
+        home.chmod(0o777)  # root-owned, world-writable: the kubelet's emptyDir
+        env = {"HOME": str(home), "FTJOB_SSH_SECRET_DIR": str(secret), "FTJOB_SSH_PORT": "2022"}
+        code = f"import json; from finetune_runtime.sshd import prepare_sshd; print(json.dumps(prepare_sshd({env!r})))"
+        out = subprocess.run(["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", sys.executable, "-c", code],
+                             capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stderr
+        d = home / ".ssh"
+        assert "StrictModes no" in (d / "sshd_config").read_text()
+        assert "StrictModes off" in out.stderr  # said, not silent
+        assert d.stat().st_uid == 1000 and oct(d.stat().st_mode & 0o777) == "0o700"
+        assert oct((d / "ssh_host_ed25519_key").stat().st_mode & 0o777) == "0o600"
+        assert home.stat().st_uid == 0 and home.stat().st_mode & 0o777 == 0o777  # untouched: it is not ours
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_ssh_dir_is_ftjob_ssh_dir_else_home() -> None:
