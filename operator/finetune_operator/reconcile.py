@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import constants as c
+from . import policy
 from .builders import Layout, Names, SshKeys, desired, owner_reference, resolve
 
 TERMINAL = ("Succeeded", "Failed")
@@ -318,6 +319,15 @@ def terminal(p: Pass) -> Plan | None:
     return p.plan
 
 
+def allowlists(p: Pass) -> Plan | None:
+    """The operator's allowlists (policy.py): a job naming an image, ServiceAccount or Secret outside them fails
+    before any child is created; a tightened list also ends a running job at its next pass."""
+    broken = policy.violations(p.job["spec"], p.config)
+    if not broken:
+        return None
+    return p.finish("Failed", policy.REASON, "; ".join(broken))
+
+
 def suspended(p: Pass) -> Plan | None:
     """spec.runPolicy.suspend: every pod goes; the deadline clock stops. A resume clears the condition."""
     st, now = p.status, p.now
@@ -465,7 +475,7 @@ def converge(p: Pass) -> Plan:
 
 
 # In order: the first phase that returns a plan ends the pass; converge always does.
-PHASES: tuple[Phase, ...] = (terminal, suspended, deadline, group_failure, success)
+PHASES: tuple[Phase, ...] = (terminal, allowlists, suspended, deadline, group_failure, success)
 
 
 def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Pass:
@@ -492,7 +502,7 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
 
 def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Plan:
     """`job` has passed admission.validate (defaults applied) and carries its current status. `config` is the
-    operator's configuration (`images`, `networkPolicy`). The job's full set of children (`desired()`) is built
+    operator's configuration (`images`, `networkPolicy`, `policy`). The job's full set of children (`desired()`) is built
     only by the converge phase: finished, suspended and failing jobs never pay for it."""
     p = begin(job, observed, config)
     for phase in PHASES:
