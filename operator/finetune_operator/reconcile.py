@@ -502,8 +502,8 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
 
 def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Plan:
     """`job` has passed admission.validate (defaults applied) and carries its current status. `config` is the
-    operator's configuration (`images`, `networkPolicy`, `policy`). The job's full set of children (`desired()`) is built
-    only by the converge phase: finished, suspended and failing jobs never pay for it."""
+    operator's configuration (`images`, `networkPolicy`, `policy`). The job's full set of children (`desired()`)
+    is built only by the converge phase: finished, suspended and failing jobs never pay for it."""
     p = begin(job, observed, config)
     for phase in PHASES:
         decided = phase(p)
