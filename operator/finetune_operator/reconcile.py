@@ -359,9 +359,16 @@ def deadline(p: Pass) -> Plan | None:
     return None
 
 
+def _cause_first(f: dict[str, Any]) -> tuple[bool, bool, int]:
+    """Of the failures seen in one pass, the likeliest cause first: an OOM kill (the others follow from it: a
+    rank's peers fail in collectives, mpirun exits 1 when its ssh to a killed worker drops), then a rank before
+    the MPI launcher, then the lowest rank."""
+    return (f.get("reason") != "OOMKilled", "rank" not in f, int(f.get("rank", 0)))
+
+
 def group_failure(p: Pass) -> Plan | None:
     """A failed pod of the current attempt fails the whole group: restart every rank while restarts remain
-    (backoffLimit), else fail the job with the first failed rank's container, reason and log tail.
+    (backoffLimit), else fail the job with the likeliest cause's (_cause_first) container, reason and log tail.
 
     So does one of its unfinished pods being deleted: the operator deletes current-attempt pods only as it ends,
     suspends or restarts the job, so this is an eviction, a node drain or someone's kubectl delete, and the
@@ -372,8 +379,7 @@ def group_failure(p: Pass) -> Plan | None:
                if _deleting(pod) and _attempt(pod) == attempt and _phase(pod) not in TERMINAL]  # fmt: skip
     if not failed:
         return None
-    failed.sort(key=lambda pod: int(pod["metadata"]["labels"].get(c.LABEL_RANK, "-1")))
-    f = _failure(failed[0], attempt)
+    f = min((_failure(pod, attempt) for pod in failed), key=_cause_first)
     st["failures"] = ([*st.get("failures", []), f])[-10:]
     limit = int(p.run_policy.get("backoffLimit", 3))
     text = _describe(f)

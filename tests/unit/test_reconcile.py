@@ -294,3 +294,22 @@ def test_network_policy_created_with_the_other_objects_when_configured() -> None
     assert "NetworkPolicy" in {o["kind"] for o in plan.create}
     plan = reconcile(w.job, Observed([], {}, T0, None, lambda: KEYS), {})
     assert "NetworkPolicy" not in {o["kind"] for o in plan.create}
+
+
+def test_worker_oom_seen_with_the_launchers_crash_is_reported_as_the_oom() -> None:
+    """Kubeflow's MPIJob complaint: a worker killed for memory shows as the launcher's crash (mpirun exits 1 once
+    its ssh to the worker drops). Seen in the same pass, the worker's OOMKilled is the failure reported."""
+    w = World(load_sample("cpu-distilbert-squad-mpi"))
+    w.job["spec"].setdefault("runPolicy", {})["backoffLimit"] = 0
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.set_phase("distilbert-squad-cpu-worker-1", "Failed", containerStatuses=[{"name": "sshd", "state": {
+        "terminated": {"exitCode": 137, "reason": "OOMKilled"}}}])  # fmt: skip
+    w.set_phase("distilbert-squad-cpu-launcher", "Failed", containerStatuses=[{"name": "launcher", "state": {
+        "terminated": {"exitCode": 1, "reason": "Error", "message": "mpirun: ssh connection lost"}}}])  # fmt: skip
+    w.step()
+    st = w.job["status"]
+    assert w.phase == "Failed" and st["reason"] == "OOMKilled", st["message"]
+    assert st["failures"][-1]["pod"] == "distilbert-squad-cpu-worker-1"
+    assert st["message"].startswith("rank 1 (pod distilbert-squad-cpu-worker-1) failed: OOMKilled")
