@@ -25,6 +25,7 @@ _cp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_cp)
 
 import faultlib  # noqa: E402
+
 from ftjob_cluster.localcluster import LocalCluster  # noqa: E402
 from ftjob_cluster.testing import Cluster  # noqa: E402
 

@@ -4,6 +4,7 @@ cut connections), the operator as a process that can be SIGKILLed, the invariant
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ftjobs import make_job
 from kubernetes import client
-from operator_support import free_port
+from operator_support import NO_KUBELET, Kubelet, free_port
 
 from finetune_operator import constants as c
 from finetune_operator.admission import validate
@@ -89,10 +91,8 @@ class DelayProxy:
         with self._lock:
             conns, self._conns = self._conns, []
         for s in conns:
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
         return len(conns) // 2
 
@@ -263,3 +263,58 @@ def record(scenario: str, injection: str) -> Record:
 def rng(scenario: str) -> random.Random:
     """One random stream per scenario from the run's seed (FTJOB_FAULT_SEED reproduces a run)."""
     return random.Random(f"{SEED}:{scenario}")
+
+
+# -- one job's whole life, driven as a kubelet would ------------------------------------------------------------
+def two_rank_job(name: str, mpi: bool = False, **run_policy: Any) -> dict[str, Any]:
+    b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
+    if run_policy:
+        b.run_policy(**run_policy)
+    if mpi:
+        b.launcher("mpi", "mpich")
+    return b.build()
+
+
+def status(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    try:
+        job = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(*API, ns, "finetunejobs", name)
+    except client.exceptions.ApiException as e:
+        if e.status == 404:
+            return {}
+        raise
+    return dict(job.get("status") or {})
+
+
+def lifecycle(kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, ns: str, name: str,
+              timeout: float = 90, during: Callable[[], None] = lambda: None) -> None:
+    """Create a 2-rank job; pods Running -> Running phase; rank 1 fails -> one group restart with new pods;
+    Running again; both ranks Succeeded -> Succeeded. `during()` runs between the steps (a fault to inject)."""
+    from operator_support import job_yaml
+
+    def st() -> dict[str, Any]:
+        return status(kube_api, ns, name)
+
+    def run_all() -> None:
+        for p in kubelet.live_pods(name):
+            kubelet.set_status(p.metadata.name, "Running")
+
+    kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(two_rank_job(name, backoffLimit=3)))
+    during()
+    wait_until(lambda: len(kubelet.live_pods(name)) == 2, timeout, f"{name}: 2 pods")
+    run_all()
+    during()
+    wait_until(lambda: st().get("phase") == "Running", timeout, f"{name}: Running")
+    kubelet.set_status(f"{name}-rank-1", "Failed", exit_code=1, message="injected")
+    during()
+    wait_until(lambda: st().get("restartCount") == 1 and len(kubelet.live_pods(name)) == 2 and all(
+        p.metadata.labels[c.LABEL_ATTEMPT] == "1" for p in kubelet.live_pods(name)), timeout,
+        f"{name}: a group restart with attempt 1's pods")  # fmt: skip
+    run_all()
+    wait_until(lambda: st().get("phase") == "Running", timeout, f"{name}: Running after the restart")
+    during()
+    for p in kubelet.live_pods(name):
+        kubelet.set_status(p.metadata.name, "Succeeded", exit_code=0, reason="Completed")
+    wait_until(lambda: st().get("phase") == "Succeeded", timeout, f"{name}: Succeeded")
+    final = st()
+    assert final["restartCount"] == 1, final
+    assert [f["rank"] for f in final.get("failures", [])] == [1], final.get("failures")

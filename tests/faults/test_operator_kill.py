@@ -9,6 +9,7 @@ from typing import Any
 
 from faultlib import (
     LONG,
+    SEED,
     DelayProxy,
     OperatorProcess,
     jobs,
@@ -98,7 +99,9 @@ def test_operator_sigkilled_at_random_points(crd: None, kube_api: Any, kubectl: 
                 after = jobs(kube_api, namespace)
                 for name, want in expect_restarts.items():
                     got = int(after[name]["status"].get("restartCount") or 0)
-                    assert got == want, f"{name}: restartCount {got}, expected {want} (a restart lost or doubled)"
+                    assert got == want, (f"{name}: restartCount {got}, expected {want} (a restart lost or doubled); "
+                                         f"seed {SEED}; status {after[name]['status']}; events "
+                                         + kubectl("get", "events", "-n", namespace, "-o", "wide").stdout)
             except AssertionError as e:
                 rec.failures.append(f"trial {trial} ({action}): {e}"[:500])
                 raise
