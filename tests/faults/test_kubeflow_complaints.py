@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from faultlib import OperatorProcess, record, status, two_rank_job, violations, wait_until
 from kubernetes import client
 from operator_support import Kubelet, job_yaml
+from tierdeps import require
 
 from finetune_operator import constants as c
 
@@ -78,7 +80,7 @@ def _run_init(pod: dict[str, Any], hosts: dict[str, str], env: dict[str, str], t
     (init,) = [i for i in pod["spec"]["initContainers"] if i["name"] == c.INIT_WAIT]
     cmd = list(init["command"])
     cmd[cmd.index("--timeout") + 1] = str(timeout_s)
-    cmd[0] = shutil.which(cmd[0]) or str(Path(os.sys.executable).with_name(cmd[0]))  # type: ignore[attr-defined]
+    cmd[0] = str(Path(sys.executable).with_name(cmd[0]))  # the runtime's console script, from this venv
     hosts_file = Path(env.pop("HOSTS_FILE"))
     hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{ip} {h}\n" for h, ip in hosts.items()))
     pod_env = {e["name"]: e["value"] for e in init.get("env") or [] if "value" in e}
@@ -120,11 +122,11 @@ def test_workers_wait_for_the_masters_name(operator: OperatorProcess, kubectl: A
 
 
 @pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[int]:
-    """A real OpenSSH sshd on a free loopback port (what an MPI worker runs), answering with its banner."""
-    exe = shutil.which("sshd") or "/usr/sbin/sshd"
-    if not Path(exe).exists():
-        pytest.skip("needs OpenSSH's sshd (Debian openssh-server)")
+def sshd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int, str]]:
+    """A real OpenSSH sshd's port and path (what an MPI worker runs); the test starts it when the workers would
+    be ready."""
+    exe = require(request, "sshd")
+    require(request, "ssh")  # ssh-keygen comes with it
     key = tmp_path / "host_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     with socket.socket() as s:
@@ -133,12 +135,11 @@ def sshd(tmp_path: Path) -> Iterator[int]:
     cfg = tmp_path / "sshd_config"
     cfg.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nPidFile {tmp_path / 'sshd.pid'}\n"
                    "UsePAM no\n")  # fmt: skip
-    yield port
-    # stopped by the test (it starts it when the workers would be ready)
+    yield port, exe
 
 
 def test_launcher_waits_for_every_workers_sshd(operator: OperatorProcess, kubectl: Any, kube_api: Any,
-                                              namespace: str, kubelet: Kubelet, sshd: int,
+                                              namespace: str, kubelet: Kubelet, sshd: tuple[int, str],
                                               tmp_path: Path) -> None:  # fmt: skip
     """Kubeflow MPIJob: the launcher starts mpirun before the workers' sshd is up and fails at once."""
     if not _unshare_works():
@@ -155,10 +156,11 @@ def test_launcher_waits_for_every_workers_sshd(operator: OperatorProcess, kubect
     (init,) = [i for i in launcher["spec"]["initContainers"] if i["name"] == c.INIT_WAIT]
     hosts = [init["command"][i + 1] for i, a in enumerate(init["command"]) if a == "--ssh"]
     assert len(hosts) == 2 and all(h.startswith("lw-worker-") for h in hosts), init["command"]
-    env = {"FTJOB_SSH_PORT": str(sshd), "HOSTS_FILE": str(tmp_path / "hosts")}  # the workers' sshd port, here
+    env = {"FTJOB_SSH_PORT": str(sshd[0]), "HOSTS_FILE": str(tmp_path / "hosts")}  # the workers' sshd port, here
     rc, out = _run_init(launcher, dict.fromkeys(hosts, "127.0.0.1"), dict(env), timeout_s=3)
     assert rc == 1 and "not reachable" in out, out
-    proc = subprocess.Popen([shutil.which("sshd") or "/usr/sbin/sshd", "-D", "-e", "-f",
+    port, exe = sshd
+    proc = subprocess.Popen([exe, "-D", "-e", "-f",
                              str(tmp_path / "sshd_config")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         rc, out = _run_init(launcher, dict.fromkeys(hosts, "127.0.0.1"), dict(env), timeout_s=30)
@@ -167,7 +169,7 @@ def test_launcher_waits_for_every_workers_sshd(operator: OperatorProcess, kubect
         proc.wait(timeout=10)
     assert rc == 0, out
     for h in hosts:
-        assert f"ssh:{h}:{sshd} ready" in out, out
+        assert f"ssh:{h}:{port} ready" in out, out
     rec.notes.append("mpirun starts only after every worker's name resolves and its sshd answers with a banner")
 
 
