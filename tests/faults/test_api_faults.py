@@ -45,7 +45,7 @@ def test_api_server_restarted_under_a_running_operator(crd: None, local_cluster:
                                                        kubelet: Kubelet, tmp_path: Path) -> None:  # fmt: skip
     if local_cluster is None:
         pytest.skip("restarts the session's own kube-apiserver (not possible with FTJOB_KUBECONFIG)")
-    trials = 3 if LONG else 1
+    trials = 2 if LONG else 1
     rec = record("test_api_server_restarted_under_a_running_operator",
                  "kube-apiserver stopped (SIGTERM) and started again on the same port at each step of a job's "
                  "life: after the create, with pods running, after a rank failure, before the end")  # fmt: skip
@@ -71,7 +71,7 @@ def test_api_server_restarted_under_a_running_operator(crd: None, local_cluster:
 
 def test_watch_streams_cut_at_random(crd: None, kubectl: Any, kube_api: Any, kubeconfig: Path, namespace: str,
                                      kubelet: Kubelet, tmp_path: Path) -> None:  # fmt: skip
-    trials = 5 if LONG else 1
+    trials = 3 if LONG else 1
     rec = record("test_watch_streams_cut_at_random",
                  "every connection between the operator and the API server (watches, requests) closed by a "
                  "loopback proxy every 0.5-3 s at random, for a job's whole life")  # fmt: skip
@@ -108,7 +108,7 @@ def test_watch_streams_cut_at_random(crd: None, kubectl: Any, kube_api: Any, kub
 def test_slow_api(crd: None, kubectl: Any, kube_api: Any, kubeconfig: Path, namespace: str, kubelet: Kubelet,
                   tmp_path: Path) -> None:  # fmt: skip
     delay = 0.25
-    trials = 3 if LONG else 1
+    trials = 2 if LONG else 1
     rec = record("test_slow_api", f"{delay * 1000:.0f} ms added by a loopback proxy before every chunk the "
                  "operator sends to the API server (each request takes at least that; a pass several times it)")
     proxy = DelayProxy(server_port(kubeconfig), delay=delay)
@@ -133,7 +133,7 @@ def test_two_operators_race_every_write(crd: None, kubectl: Any, kube_api: Any, 
     """A conflicting writer: a second operator process (a stuck old replica, a botched rollout) reconciles the
     same jobs. Every child create races (one of them meets a 409 and reads the object back), both patch the
     status, and a rank failure must still count as one restart."""
-    trials = 5 if LONG else 1
+    trials = 3 if LONG else 1
     rec = record("test_two_operators_race_every_write",
                  "a second operator process on the same jobs: 409 AlreadyExists on child creates, interleaved "
                  "status patches")  # fmt: skip

@@ -25,7 +25,7 @@ from operator_support import NO_KUBELET, Kubelet, job_yaml
 
 from finetune_operator import constants as c
 
-TRIALS = 50 if LONG else 4
+TRIALS = 50 if LONG else 3
 MAX_JOBS = 4  # more live jobs make every pass longer without adding new kill points
 DELAY_S = 0.02  # per request chunk: a pass's creates and deletes spread over ~0.5 s, so kills land inside them
 
