@@ -102,11 +102,12 @@ def test_operator_sigkilled_at_random_points(crd: None, kube_api: Any, kubectl: 
                     assert got == want, (f"{name}: restartCount {got}, expected {want} (a restart lost or doubled); "
                                          f"seed {SEED}; status {after[name]['status']}; events "
                                          + kubectl("get", "events", "-n", namespace, "-o", "wide").stdout)
-            except AssertionError as e:
-                rec.failures.append(f"trial {trial} ({action}): {e}"[:500])
-                raise
+            except AssertionError as e:  # recorded; the trials go on (a rate is worth more than the first miss)
+                rec.failures.append(f"trial {trial} ({action}): {e}"[:300])
             finally:
                 rec.trials += 1
+        assert not rec.failures, f"{len(rec.failures)}/{rec.trials} trials failed (seed {SEED}):\n" + "\n".join(
+            rec.failures)
         rec.notes.append(f"{made} jobs created; every trial converged with no duplicate or orphan")
     finally:
         op.stop()
