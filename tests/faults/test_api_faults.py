@@ -48,7 +48,8 @@ def test_api_server_restarted_under_a_running_operator(crd: None, local_cluster:
     trials = 2 if LONG else 1
     rec = record("test_api_server_restarted_under_a_running_operator",
                  "kube-apiserver stopped (SIGTERM) and started again on the same port at each step of a job's "
-                 "life (long variant): after the create, with pods running, after a rank failure, before the end")  # fmt: skip
+                 "life (long variant): after the create, with pods running, after a rank failure, before the "
+                 "end")  # fmt: skip
     op = _operator(kubeconfig, tmp_path / "operator.log")
     downtimes: list[float] = []
     steps = [0]
