@@ -11,6 +11,7 @@ import yaml
 
 from .admission import validate
 from .api.validation import InvalidSpec
+from .policy import check_config, violations
 
 
 class _NoAliasDumper(yaml.SafeDumper):
@@ -47,12 +48,16 @@ def load_jobs(path: str) -> list[dict[str, Any]]:
 
 def load_config(path: str | None) -> dict[str, Any]:
     """Operator configuration (the chart's ConfigMap): `images: {profile: image}`,
-    `networkPolicy: {enabled: bool, extraIngress: [NetworkPolicyIngressRule]}`."""
+    `networkPolicy: {enabled: bool, extraIngress: [NetworkPolicyIngressRule]}`,
+    `policy: {allowedImages, allowedServiceAccounts, allowedSecrets: [glob]}` (policy.py)."""
     if not path:
         return {}
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     if not isinstance(data, dict):
         raise SystemExit(f"error: {path}: expected a mapping with an `images` key")
+    problems = check_config(data)
+    if problems:
+        raise SystemExit(f"error: {path}: " + "; ".join(problems))
     return data
 
 
@@ -76,6 +81,14 @@ def _render(args: argparse.Namespace) -> int:
             print(f"error: FineTuneJob {name!r} is invalid:", file=sys.stderr)
             for err in e.errors:
                 print(f"  {err}", file=sys.stderr)
+            continue
+        broken = violations(job["spec"], config)
+        if broken:
+            failed = True
+            print(f"error: FineTuneJob {name!r} breaks the operator's policy (the operator would fail it):",
+                  file=sys.stderr)
+            for msg in broken:
+                print(f"  {msg}", file=sys.stderr)
             continue
         keys = generate_keys(name) if launcher_of(job["spec"]) == "mpi" else None
         out += desired(

@@ -94,13 +94,18 @@ def apply(api: Api, job: dict[str, Any], old_status: dict[str, Any], plan: Plan)
         api.event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished elapsed: deleting the job and its children")
         api.delete_job(ns, name)
         return
+    # The status first: it is the job's memory. A process killed after deleting a failed attempt's pods but
+    # before saving restartCount would come back to find them gone and recreate the same attempt, the restart
+    # never counted against backoffLimit (tests/faults/test_operator_kill.py). Saved first, a restart already
+    # counted meets the old pods as stale and finishes the deletes; a saved startTime meets missing pods and
+    # creates them.
+    api.patch_status(ns, name, old_status, plan.status)
     for pod in plan.delete_pods:
         api.delete_pod(ns, pod)
     for obj in plan.create:
         api.create(obj)
     if plan.workload_status is not None:
         api.patch_workload_status(ns, Names.of(job, launcher_of(job["spec"])).workload, plan.workload_status)
-    api.patch_status(ns, name, old_status, plan.status)
     for etype, reason, message in plan.events:
         api.event(job, etype, reason, message)
     for _, reason, _ in plan.events:
@@ -256,7 +261,7 @@ class JobLoop:
         except Refused as e:
             # No retry: the job ends here; the next pass (terminal phase) removes any pod this one created.
             status, msg = failed_status(plan.status, e, now)
-            self.api.patch_status(ns, name, old_status, status)
+            self.api.patch_status(ns, name, plan.status, status)  # apply() saved plan.status first
             self.api.event(raw, "Warning", "InvalidSpec", msg)
             TRANSITIONS.labels(phase="Failed", reason="InvalidSpec").inc()
             self.followed = None

@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import constants as c
+from . import policy
 from .builders import Layout, Names, SshKeys, desired, owner_reference, resolve
 from .builders.workload import workload as build_workload
 
@@ -339,6 +340,15 @@ def terminal(p: Pass) -> Plan | None:
     return p.plan
 
 
+def allowlists(p: Pass) -> Plan | None:
+    """The operator's allowlists (policy.py): a job naming an image, ServiceAccount or Secret outside them fails
+    before any child is created; a tightened list also ends a running job at its next pass."""
+    broken = policy.violations(p.job["spec"], p.config)
+    if not broken:
+        return None
+    return p.finish("Failed", policy.REASON, "; ".join(broken))
+
+
 def suspended(p: Pass) -> Plan | None:
     """spec.runPolicy.suspend: every pod goes; the deadline clock stops. A resume clears the condition."""
     st, now = p.status, p.now
@@ -446,9 +456,16 @@ def deadline(p: Pass) -> Plan | None:
     return None
 
 
+def _cause_first(f: dict[str, Any]) -> tuple[bool, bool, int]:
+    """Of the failures seen in one pass, the likeliest cause first: an OOM kill (the others follow from it: a
+    rank's peers fail in collectives, mpirun exits 1 when its ssh to a killed worker drops), then a rank before
+    the MPI launcher, then the lowest rank."""
+    return (f.get("reason") != "OOMKilled", "rank" not in f, int(f.get("rank", 0)))
+
+
 def group_failure(p: Pass) -> Plan | None:
     """A failed pod of the current attempt fails the whole group: restart every rank while restarts remain
-    (backoffLimit), else fail the job with the first failed rank's container, reason and log tail.
+    (backoffLimit), else fail the job with the likeliest cause's (_cause_first) container, reason and log tail.
 
     So does one of its unfinished pods being deleted: the operator deletes current-attempt pods only as it ends,
     suspends or restarts the job, so this is an eviction, a node drain or someone's kubectl delete, and the
@@ -459,8 +476,7 @@ def group_failure(p: Pass) -> Plan | None:
                if _deleting(pod) and _attempt(pod) == attempt and _phase(pod) not in TERMINAL]  # fmt: skip
     if not failed:
         return None
-    failed.sort(key=lambda pod: int(pod["metadata"]["labels"].get(c.LABEL_RANK, "-1")))
-    f = _failure(failed[0], attempt)
+    f = min((_failure(pod, attempt) for pod in failed), key=_cause_first)
     st["failures"] = ([*st.get("failures", []), f])[-10:]
     limit = int(p.run_policy.get("backoffLimit", 3))
     text = _describe(f)
@@ -562,7 +578,7 @@ def converge(p: Pass) -> Plan:
 
 
 # In order: the first phase that returns a plan ends the pass; converge always does.
-PHASES: tuple[Phase, ...] = (terminal, suspended, queued, deadline, group_failure, success)
+PHASES: tuple[Phase, ...] = (terminal, allowlists, suspended, queued, deadline, group_failure, success)
 
 
 def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Pass:
@@ -589,8 +605,8 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
 
 def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Plan:
     """`job` has passed admission.validate (defaults applied) and carries its current status. `config` is the
-    operator's configuration (`images`, `networkPolicy`). The job's full set of children (`desired()`) is built
-    only by the converge phase: finished, suspended and failing jobs never pay for it."""
+    operator's configuration (`images`, `networkPolicy`, `policy`). The job's full set of children (`desired()`)
+    is built only by the converge phase: finished, suspended and failing jobs never pay for it."""
     p = begin(job, observed, config)
     for phase in PHASES:
         decided = phase(p)

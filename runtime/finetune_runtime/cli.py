@@ -124,9 +124,11 @@ def parser() -> argparse.ArgumentParser:
     mp.set_defaults(fn=cmd_mpirun)
     sub.add_parser("sshd", help="MPI worker pods: install keys, run sshd").set_defaults(fn=cmd_sshd)
     wp = sub.add_parser("wait-for", help="wait for DNS names / SSH / TCP endpoints, with a deadline")
-    wp.add_argument("--dns", nargs="*", default=[], metavar="HOST")
-    wp.add_argument("--ssh", nargs="*", default=[], metavar="HOST[:PORT]")
-    wp.add_argument("--tcp", nargs="*", default=[], metavar="HOST:PORT")
+    # Repeatable and cumulative: the launcher passes `--dns w0 --ssh w0 --dns w1 --ssh w1`, and with plain
+    # nargs the last --dns/--ssh replaced the earlier ones, so it waited for the last worker only.
+    wp.add_argument("--dns", action="extend", nargs="+", default=[], metavar="HOST")
+    wp.add_argument("--ssh", action="extend", nargs="+", default=[], metavar="HOST[:PORT]")
+    wp.add_argument("--tcp", action="extend", nargs="+", default=[], metavar="HOST:PORT")
     wp.add_argument("--timeout", type=float, default=600.0, help="seconds (default 600)")
     wp.set_defaults(fn=cmd_wait_for)
     sub.add_parser("selfcheck", help="image smoke test").set_defaults(fn=cmd_selfcheck)

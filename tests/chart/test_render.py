@@ -289,6 +289,20 @@ def test_network_policy_off_grants_nothing_for_it(render: Renderer) -> None:
         assert all(r["apiGroups"] != ["networking.k8s.io"] for r in role["rules"])
 
 
+def test_allowlists_reach_the_operator_config_and_load_there(render: Renderer, tmp_path: Any) -> None:
+    """What the chart writes is what `ftjob operator --config` accepts (cli.load_config refuses a bad policy)."""
+    from finetune_operator.cli import load_config
+
+    assert "policy" not in operator_config(render(Values()))  # empty lists: no policy block at all
+    policy = {"allowedImages": ["registry.example.com/team/*"], "allowedServiceAccounts": ["trainer"],
+              "allowedSecrets": []}
+    config = operator_config(render(Values().set({"policy": policy})))
+    assert config["policy"] == policy
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert load_config(str(path))["policy"] == policy
+
+
 def test_non_default_operator_settings(render: Renderer) -> None:
     objs = render(
         Values().set(

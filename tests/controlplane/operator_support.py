@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
@@ -123,7 +124,9 @@ class Kubelet:
                                 raise
                     if self._stop.is_set():
                         break
-            except ApiException:
+            except (ApiException, urllib3.exceptions.HTTPError):
+                # The API server restarting (tests/faults) refuses connections for a while: watch again.
+                self._stop.wait(0.5)
                 continue
             finally:
                 w.stop()

@@ -645,3 +645,14 @@ def test_emitter_writes_each_line_in_one_write() -> None:
 
     progress.ProgressEmitter(True, stream=Recorder()).emit("train", step=3)
     assert writes == ['FTJOB_PROGRESS {"event":"train","step":3}\n']
+
+
+def test_wait_for_accumulates_repeated_flags() -> None:
+    """The MPI launcher's init command repeats --dns/--ssh per worker (builders/pods.py); found by
+    tests/faults/test_kubeflow_complaints.py: each repeat replaced the last, so only the last worker was waited
+    for."""
+    from finetune_runtime.cli import parser
+
+    ns = parser().parse_args(["wait-for", "--dns", "w0", "--ssh", "w0", "--dns", "w1", "--ssh", "w1:22",
+                              "--tcp", "a:1", "b:2"])  # fmt: skip
+    assert (ns.dns, ns.ssh, ns.tcp) == (["w0", "w1"], ["w0", "w1:22"], ["a:1", "b:2"])

@@ -23,7 +23,9 @@ from finetune_operator.controller import (
     Children,
     JobLoop,
     Loops,
+    apply,
 )
+from finetune_operator.reconcile import Plan
 from finetune_operator.refusal import Refused
 
 NS, NAME = "ns", "j"
@@ -399,3 +401,30 @@ def test_exported_names_are_what_metrics_serves() -> None:
     served = {s.name for fam in REGISTRY.collect() for s in fam.samples if s.name.startswith("finetune_operator_")}
     metrics.clear_job(NS, NAME)
     assert served == metrics.exported_names()
+
+
+def test_apply_saves_the_status_before_deleting_or_creating() -> None:
+    """Found by tests/faults/test_operator_kill.py: an operator killed between deleting a failed attempt's pods
+    and saving restartCount came back to recreate the same attempt, the restart never counted. The status (the
+    job's memory) is written before any delete or create."""
+    order: list[str] = []
+
+    class Recording:
+        def patch_status(self, *_: Any) -> None:
+            order.append("status")
+
+        def delete_pod(self, ns: str, name: str) -> None:
+            order.append("delete")
+
+        def create(self, obj: dict[str, Any]) -> bool:
+            order.append("create")
+            return True
+
+        def event(self, *_: Any) -> None:
+            order.append("event")
+
+    job = make_job(NAME, NS).build()
+    plan = Plan(create=[{"kind": "Pod", "metadata": {"name": "p"}}], delete_pods=["old"],
+                status={"restartCount": 1}, events=[("Warning", "RankFailed", "m")])  # fmt: skip
+    apply(Recording(), job, {"restartCount": 0}, plan)  # type: ignore[arg-type]
+    assert order == ["status", "delete", "create", "event"]

@@ -391,3 +391,22 @@ def test_a_workload_the_job_does_not_control_is_never_its_admission() -> None:
     assert p.create == [] and not w.pods and p.workload_status is None
     assert w.phase == "Queued" and w.job["status"]["reason"] == "ForeignWorkload"
     assert "not controlled by this job" in w.job["status"]["message"]
+
+
+def test_worker_oom_seen_with_the_launchers_crash_is_reported_as_the_oom() -> None:
+    """Kubeflow's MPIJob complaint: a worker killed for memory shows as the launcher's crash (mpirun exits 1 once
+    its ssh to the worker drops). Seen in the same pass, the worker's OOMKilled is the failure reported."""
+    w = World(load_sample("cpu-distilbert-squad-mpi"))
+    w.job["spec"].setdefault("runPolicy", {})["backoffLimit"] = 0
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    w.set_phase("distilbert-squad-cpu-worker-1", "Failed", containerStatuses=[{"name": "sshd", "state": {
+        "terminated": {"exitCode": 137, "reason": "OOMKilled"}}}])  # fmt: skip
+    w.set_phase("distilbert-squad-cpu-launcher", "Failed", containerStatuses=[{"name": "launcher", "state": {
+        "terminated": {"exitCode": 1, "reason": "Error", "message": "mpirun: ssh connection lost"}}}])  # fmt: skip
+    w.step()
+    st = w.job["status"]
+    assert w.phase == "Failed" and st["reason"] == "OOMKilled", st["message"]
+    assert st["failures"][-1]["pod"] == "distilbert-squad-cpu-worker-1"
+    assert st["message"].startswith("rank 1 (pod distilbert-squad-cpu-worker-1) failed: OOMKilled")

@@ -213,5 +213,5 @@ def test_torchrun_jobs_never_make_keys() -> None:
 
 
 def test_phases_run_in_order() -> None:
-    assert [f.__name__ for f in rec.PHASES] == ["terminal", "suspended", "queued", "deadline", "group_failure",
-                                                "success"]
+    assert [f.__name__ for f in rec.PHASES] == [
+        "terminal", "allowlists", "suspended", "queued", "deadline", "group_failure", "success"]

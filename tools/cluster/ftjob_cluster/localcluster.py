@@ -275,7 +275,8 @@ class KubeApiserver(Component):
         self.extra_args = list(extra_args)
 
     def prepare(self, ctx: Context) -> None:
-        self.port = free_port()
+        # A restart (LocalCluster.restart) keeps the port, so kubeconfigs and running clients stay valid.
+        self.port = getattr(self, "port", None) or free_port()
         self.endpoint = f"https://{ctx.api_address}:{self.port}"
 
     def args(self, ctx: Context) -> list[str]:
@@ -319,7 +320,8 @@ class _ControlPlaneClient(Component):
     user = ""
 
     def prepare(self, ctx: Context) -> None:
-        self.port = free_port()
+        # A restart (LocalCluster.restart) keeps the port, so kubeconfigs and running clients stay valid.
+        self.port = getattr(self, "port", None) or free_port()
         self.endpoint = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = ctx.write_kubeconfig(self.name.removeprefix("kube-"), self.user)
 
@@ -501,6 +503,17 @@ class LocalCluster:
                 stopped.append(comp["name"])
         state_file.unlink()
         return stopped
+
+    def restart(self, name: str) -> float:
+        """Stop one component (SIGTERM, as a rollout would) and start it again on the same port; returns the
+        seconds until it was healthy again. The fault suite restarts kube-apiserver under a running operator."""
+        assert self.ctx is not None, "cluster not started"
+        (comp,) = [c for c in self.components if c.name == name]
+        began = time.monotonic()
+        comp.stop()
+        comp.start(self.ctx, die_with_parent=True)
+        comp.wait_healthy(self.ctx, time.monotonic() + self.ready_timeout)
+        return time.monotonic() - began
 
     def logs(self) -> dict[str, Path]:
         return {c.name: c.log_path for c in self.components if c.log_path is not None}

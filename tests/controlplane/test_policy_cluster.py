@@ -1,0 +1,71 @@
+"""The operator's allowlists (chart values `policy.*`) enforced by the real operator against a real API server:
+a job that breaks them ends Failed/PolicyViolation, with an Event, and no child of it ever exists."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ftjobs import make_job
+from kubernetes import client
+from operator_support import NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
+
+API = ("finetune.dev", "v1alpha1")
+POLICY = {"allowedImages": ["registry.test/finetune-operator/*"], "allowedServiceAccounts": ["default"],
+          "allowedSecrets": ["hf-*"]}  # fmt: skip
+
+
+def _status(kube_api: Any, ns: str, name: str) -> dict[str, Any]:
+    job = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(*API, ns, "finetunejobs", name)
+    return dict(job.get("status") or {})
+
+
+def _children(kubectl: Any, ns: str, name: str) -> list[str]:
+    out = kubectl("get", "pods,services,configmaps,secrets", "-n", ns, "-l", f"finetune.dev/job-name={name}",
+                  "-o", "name").stdout  # fmt: skip
+    return out.split()
+
+
+def test_allowlists_fail_a_job_before_any_child_and_pass_an_allowed_one(
+        kubectl: Any, kube_api: Any, namespace: str, kubeconfig: Path, wait_for: Any, tmp_path: Path) -> None:
+    install_crd(kubectl, wait_for)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"policy": POLICY}))
+    kubelet = Kubelet(kube_api, namespace)
+
+    def job(name: str, **spec: Any) -> dict[str, Any]:
+        b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
+        for k, v in spec.items():
+            b.set(f"spec.{k}", v)
+        return b.build()
+
+    bad = {
+        "image": job("bad-image", image="docker.io/someone/miner:1"),
+        "sa": job("bad-sa", serviceAccountName="deployer"),
+        "secret": job("bad-secret", envFrom=[{"secretRef": {"name": "db-root"}}]),
+    }
+    fields = {"image": "spec.image", "sa": "spec.serviceAccountName", "secret": "spec.envFrom[0].secretRef.name"}
+    try:
+        with running_operator(kubeconfig, wait_for, tmp_path / "operator.log", ["--config", str(config)]):
+            for j in bad.values():
+                kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(j))
+            kubectl("apply", "-n", namespace, "-f", "-",
+                    input=job_yaml(job("fine", image="registry.test/finetune-operator/cpu:2",
+                                       hfTokenSecretRef={"name": "hf-token"})))  # fmt: skip
+            for key, j in bad.items():
+                name = j["metadata"]["name"]
+                wait_for(lambda n=name: _status(kube_api, namespace, n).get("phase") == "Failed", timeout=60,
+                         message=f"{name} Failed")  # fmt: skip
+                st = _status(kube_api, namespace, name)
+                assert st["reason"] == "PolicyViolation", st
+                assert st["message"].startswith(fields[key] + " ") and "policy.allowed" in st["message"], st
+                assert _children(kubectl, namespace, name) == [], f"{name} got children despite the policy"
+            wait_for(lambda: len(kubelet.live_pods("fine")) == 2, timeout=60, message="the allowed job's pods")
+            assert _status(kube_api, namespace, "fine").get("reason") != "PolicyViolation"
+            events = json.loads(kubectl("get", "events", "-n", namespace, "--field-selector",
+                                        "reason=PolicyViolation", "-o", "json").stdout)["items"]  # fmt: skip
+            assert {e["involvedObject"]["name"] for e in events} == {j["metadata"]["name"] for j in bad.values()}
+    finally:
+        kubelet.stop()
