@@ -116,7 +116,8 @@ def operator(node_cluster: NodeCluster, kubectl: Kubectl) -> str:
 
 @pytest.fixture
 def job_namespace(node_cluster: NodeCluster, kubectl: Kubectl, operator: str) -> Iterator[tuple[str, Path]]:
-    """A restricted namespace with claim `results` (hostPath PV, RWX) holding examples/; yields (ns, host dir)."""
+    """A restricted namespace with claims `results` and `inputs` (hostPath PVs, RWX, one host directory holding
+    examples/); yields (ns, host dir)."""
     name = f"e2e-{uuid.uuid4().hex[:6]}"
     _namespace(kubectl, name)
     host = node_cluster.volumes / name
@@ -125,12 +126,16 @@ def job_namespace(node_cluster: NodeCluster, kubectl: Kubectl, operator: str) ->
     os.chmod(host, 0o777)  # the pods run as uid 1000 (the images' ftjob user)
     for p in host.rglob("*"):
         os.chmod(p, 0o777 if p.is_dir() else 0o666)
-    kubectl("apply", "-f", "-", input=json.dumps(hostpath_claim(name, "results", host)))
+    # Two claims on the same host directory: `results` for the outputs (each job mounts only its own
+    # <path>/<namespace>/<job>), `inputs` mounted whole at /cache (compileCache.claimName) for the staged examples.
+    for claim in ("results", "inputs"):
+        kubectl("apply", "-f", "-", input=json.dumps(hostpath_claim(name, claim, host)))
     try:
         yield name, host
     finally:
         kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False, timeout=180)
-        kubectl("delete", "pv", f"{name}-results", "--wait=false", check=False)
+        for claim in ("results", "inputs"):
+            kubectl("delete", "pv", f"{name}-{claim}", "--wait=false", check=False)
 
 
 def hostpath_claim(namespace: str, claim: str, host: Path) -> dict[str, object]:

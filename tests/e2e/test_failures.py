@@ -48,7 +48,7 @@ def test_rank_killed_after_checkpoint_restarts_group_and_resumes(
 ) -> None:
     ns, host = job_namespace
     kubectl("-n", ns, "apply", "-f", str(JOBS / "ja-resume.yaml"))
-    checkpoints = host / "ja-resume" / "checkpoints"
+    checkpoints = host / "ja-resume" / ns / "ja-resume" / "checkpoints"
     wait_for(lambda: checkpoints.is_dir() and any(checkpoints.iterdir()), timeout=JOB_TIMEOUT, interval=1.0,
              message="a first checkpoint in the output volume")  # fmt: skip
     victim = _rank_pods(kubectl, ns, "ja-resume")[-1]
@@ -60,7 +60,7 @@ def test_rank_killed_after_checkpoint_restarts_group_and_resumes(
     assert st.get("restartCount", 0) >= 1, st
     failure = st["failures"][0]
     assert failure["pod"] == victim["metadata"]["name"] and failure["exitCode"] == 137, st["failures"]
-    metrics = json.loads((host / "ja-resume" / "metrics.json").read_text())
+    metrics = json.loads((host / "ja-resume" / ns / "ja-resume" / "metrics.json").read_text())
     assert metrics["resumedFrom"] and "checkpoint-" in metrics["resumedFrom"], metrics
 
 

@@ -71,7 +71,7 @@ def test_torchrun_ja_sentiment_two_pods(kubectl: Kubectl, job_namespace: tuple[s
     assert env["FTJOB_MASTER_ADDR"] == f"ja-sentiment-rank-0.ja-sentiment.{ns}.svc", env
     assert all(p["status"]["phase"] == "Succeeded" for p in ranks), [p["status"] for p in ranks]
     # The saved model, read from the volume on this host, loads in a transformers pipeline and predicts.
-    model = host / "ja-sentiment" / "model"
+    model = host / "ja-sentiment" / ns / "ja-sentiment" / "model"  # output.path/<namespace>/<job> of the claim
     assert (model / "config.json").exists(), sorted(str(p) for p in (host / "ja-sentiment").rglob("*"))[:50]
     from transformers import pipeline
 
