@@ -282,8 +282,14 @@ def sync_image(ref: str) -> bool:
     docker_id = _run("docker", "image", "inspect", "-f", "{{.Id}}", ref, check=False)
     if docker_id.returncode != 0:
         raise ClusterError(f"image {ref} is not in Docker; build it first (make image-cpu / make image-operator)")
-    if _containerd_config_digest(ref) == docker_id.stdout.decode().strip():
+    held = _containerd_config_digest(ref)
+    if held == docker_id.stdout.decode().strip():
         return False
+    if held is not None:
+        # The node's store lives in the cache across sessions: drop the previous build first so that its
+        # layers are garbage-collected (--sync) instead of piling up with every rebuild (several GB each).
+        full = ref if "/" in ref.split("/")[0] and "." in ref.split("/")[0] else f"docker.io/{ref}"
+        ctr("images", "rm", "--sync", full, check=False)
     save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
     assert save.stdout is not None
     imp = subprocess.run(["ctr", "-a", str(CONTAINERD_SOCK), "-n", "k8s.io", "images", "import", "-"],
