@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 
-def policy_for_user(user: str) -> dict[str, Any]:
-    """Metadata-level events for `user` only, nothing for anyone else. Every request ends with a ResponseComplete
-    event; a watch also has a ResponseStarted one when its stream opens."""
+def policy_for_user(*users: str) -> dict[str, Any]:
+    """Metadata-level events for `users` only (one per system under test), nothing for anyone else. Every
+    request ends with a ResponseComplete event; a watch also has a ResponseStarted one when its stream opens."""
     return {
         "apiVersion": "audit.k8s.io/v1",
         "kind": "Policy",
         "omitStages": ["RequestReceived"],
-        "rules": [{"level": "Metadata", "users": [user]}, {"level": "None"}],
+        "rules": [{"level": "Metadata", "users": list(users)}, {"level": "None"}],
     }
 
 

@@ -13,12 +13,21 @@ as here (bound to the operator's real ClusterRoles from manifests/rbac/rbac.yaml
 3. steady: every pod is reported Running (as a kubelet would) and the operator's request rate is measured
    over a window while nothing changes: the per-job cost of keeping jobs watched and their progress fresh.
 
+`--peer` (make bench-peer) measures three systems on the same control plane, interleaved over `--rounds`
+rounds (the order rotates each round): raw, ours, and the peer, Kubeflow training-operator v1.8.1's
+PyTorchJob controller (built from its Go module by tools/cluster, run as a host process, tools/cluster
+ftjob_cluster/peer.py) as user `bench-peer` (cluster-admin). Each operator is started fresh for its turn;
+one measurement (`Bench.measure`) serves both: N jobs x 2 ranks, then 1 job x `--wide` ranks; makespan and
+per-job p50/p95/max until every pod and Service exists, operator CPU per job, RSS at rest / peak / after
+every job is deleted, and requests per job from the audit log. `--readme` writes the table (peer_report.py).
+
 Numbers depend on the machine: compare runs on one machine, never against a fixed threshold.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -27,7 +36,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +50,8 @@ sys.path.insert(0, str(ROOT / "tools" / "cluster"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The integration tests' helpers: the operator started and the CRD installed exactly as the tests do it.
 sys.path.insert(0, str(ROOT / "tests" / "controlplane"))
+import peer_report  # noqa: E402
+import procstat  # noqa: E402
 from auditlog import count_requests, policy_for_user, watch_uris  # noqa: E402
 from operator_support import Kubelet, install_crd, running_operator  # noqa: E402
 
@@ -58,19 +71,56 @@ from ftjob_cluster.localcluster import (  # noqa: E402
 from ftjob_cluster.testing import make_kubectl  # noqa: E402
 
 OPERATOR_USER = "bench-operator"
+PEER_USER = "bench-peer"
 RAW_THREADS = 8
+POLL_SECONDS = 0.2  # how often the measurement lists a namespace's pods and Services
 
 
 SAMPLE = ROOT / "manifests" / "samples" / "cpu-bert-ja.yaml"
 PODS_PER_JOB = 2  # the sample: 2 pods x 1 process, torchrun (checked against the builders in raw())
 
 
-def job_manifest(name: str, namespace: str) -> dict[str, Any]:
-    """The cpu-bert-ja sample (a Service, a ConfigMap and two rank pods: the common shape) under a new name."""
+def job_manifest(name: str, namespace: str, ranks: int = PODS_PER_JOB) -> dict[str, Any]:
+    """The cpu-bert-ja sample (a Service, a ConfigMap and one pod per rank: the common shape) under a new name."""
     job: dict[str, Any] = yaml.safe_load(SAMPLE.read_text(encoding="utf-8"))
     job["metadata"] = {"name": name, "namespace": namespace}
     job["spec"]["output"]["path"] = f"bench/{name}"
+    job["spec"]["hardware"]["nodes"] = ranks
     return job
+
+
+def pytorchjob_manifest(name: str, namespace: str, ranks: int = PODS_PER_JOB) -> dict[str, Any]:
+    """The peer's equivalent of job_manifest: a PyTorchJob with one Master and ranks - 1 Workers, the same
+    requests; it makes one pod and one Service per rank. Nothing runs (no kubelet), so the image is a name."""
+    def replicas(n: int) -> dict[str, Any]:
+        container = {"name": "pytorch", "image": "finetune-operator/bench-peer:none", "command": ["torchrun"],
+                     "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}  # fmt: skip
+        return {"replicas": n, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
+
+    specs = {"Master": replicas(1), **({"Worker": replicas(ranks - 1)} if ranks > 1 else {})}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"pytorchReplicaSpecs": specs}}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class System:
+    """What the one measurement loop needs from an operator under test: its custom resource, the label its
+    children carry with the job's name, the user it runs as (audit log), and how many Services a job has."""
+
+    name: str
+    group: str
+    version: str
+    plural: str
+    manifest: Callable[[str, str, int], dict[str, Any]]
+    job_label: str
+    user: str
+    services_per_job: Callable[[int], int]
+
+
+OURS = System("ours", "finetune.dev", "v1alpha1", "finetunejobs", job_manifest, "finetune.dev/job-name",
+              OPERATOR_USER, lambda ranks: 1)  # fmt: skip
+PEER = System("peer", "kubeflow.org", "v1", "pytorchjobs", pytorchjob_manifest, "training.kubeflow.org/job-name",
+              PEER_USER, lambda ranks: ranks)  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -107,14 +157,14 @@ class Bench:
         return name
 
     # --- 1. raw ------------------------------------------------------------------------------------------
-    def raw(self, jobs: int) -> dict[str, Any]:
-        ns = self.namespace("bench-raw")
+    def raw(self, jobs: int, ranks: int = PODS_PER_JOB, ns: str = "bench-raw") -> dict[str, Any]:
+        ns = self.namespace(ns)
         objs: list[dict[str, Any]] = []
         for i in range(jobs):
-            job = validate(job_manifest(f"raw-{i}", ns))
+            job = validate(job_manifest(f"raw-{i}", ns, ranks))
             job["metadata"]["uid"] = f"00000000-0000-0000-0000-{i:012d}"
             children = desired(job, ssh_keys=generate_keys(f"raw-{i}"))
-            assert len(children.pods) == PODS_PER_JOB, f"{SAMPLE.name} no longer has {PODS_PER_JOB} pods"
+            assert len(children.pods) == ranks, f"{SAMPLE.name} with nodes={ranks} no longer has {ranks} pods"
             for obj in children.all():
                 obj["metadata"].pop("ownerReferences", None)  # no such owner exists; GC would remove them
                 objs.append(obj)
@@ -125,37 +175,45 @@ class Bench:
             list(pool.map(kube.create, objs))
         seconds = time.monotonic() - start
         return {"objects": len(objs), "seconds": round(seconds, 3), "objectsPerSecond": round(len(objs) / seconds, 1),
-                "threads": RAW_THREADS}  # fmt: skip
+                "threads": RAW_THREADS, "perJob": len(objs) / jobs}  # fmt: skip
 
-    # --- 2. operator ---------------------------------------------------------------------------------------
+    # --- 2. an operator: ours or the peer, one code path -------------------------------------------------------
     def operator(self, jobs: int) -> tuple[dict[str, Any], str]:
         ns = self.namespace("bench-op")
-        mark = count_requests(self.audit_log, OPERATOR_USER)
+        return self.measure(OURS, ns, jobs), ns
+
+    def measure(self, system: System, ns: str, jobs: int, ranks: int = PODS_PER_JOB) -> dict[str, Any]:
+        """Create `jobs` jobs at once; a job's clock stops when its `ranks` pods and its Services exist."""
+        mark = count_requests(self.audit_log, system.user)
         created: dict[str, float] = {}
         start = time.monotonic()
         for i in range(jobs):
             name = f"job-{i}"
-            self.custom.create_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs",
-                                                        job_manifest(name, ns))
+            self.custom.create_namespaced_custom_object(system.group, system.version, ns, system.plural,
+                                                        system.manifest(name, ns, ranks))  # fmt: skip
             created[name] = time.monotonic()
         done: dict[str, float] = {}
-        deadline = time.monotonic() + max(120, jobs * 3)
+        deadline = time.monotonic() + max(120, jobs * 3, ranks * 3)
+        want_services = system.services_per_job(ranks)
         while len(done) < jobs:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(done)}/{jobs} jobs got their children in time")
-            per_job: Counter[str] = Counter()
-            for pod in self.core.list_namespaced_pod(ns, label_selector="finetune.dev/job-name").items:
-                per_job[pod.metadata.labels["finetune.dev/job-name"]] += 1
-            services = {s.metadata.name for s in self.core.list_namespaced_service(ns).items}
+                raise RuntimeError(f"{system.name}: only {len(done)}/{jobs} jobs got their children in time")
+            pods: Counter[str] = Counter()
+            services: Counter[str] = Counter()
+            for pod in self.core.list_namespaced_pod(ns, label_selector=system.job_label).items:
+                pods[pod.metadata.labels[system.job_label]] += 1
+            for svc in self.core.list_namespaced_service(ns, label_selector=system.job_label).items:
+                services[svc.metadata.labels[system.job_label]] += 1
             now = time.monotonic()
-            for name, count in per_job.items():
-                if name not in done and count == PODS_PER_JOB and name in services:
+            for name, count in pods.items():
+                if name not in done and count == ranks and services[name] == want_services:
                     done[name] = now
-            time.sleep(0.2)
+            time.sleep(POLL_SECONDS)
         latencies = [done[n] - created[n] for n in created]
-        used = count_requests(self.audit_log, OPERATOR_USER) - mark
-        result = {
+        used = count_requests(self.audit_log, system.user) - mark
+        return {
             "jobs": jobs,
+            "ranks": ranks,
             "createSeconds": round(max(created.values()) - start, 3),
             "makespanSeconds": round(max(done.values()) - start, 3),
             "latencySeconds": {"p50": round(statistics.median(latencies), 3),
@@ -163,7 +221,40 @@ class Bench:
             "requests": dict(sorted(used.items())),
             "requestsPerJob": round(sum(used.values()) / jobs, 1),
         }  # fmt: skip
-        return result, ns
+
+    def delete_all(self, system: System, ns: str, timeout: float = 300.0) -> None:
+        """Delete every job of `system` in `ns` and wait until the garbage collector has removed its pods."""
+        self.custom.delete_collection_namespaced_custom_object(system.group, system.version, ns, system.plural)
+
+        def gone() -> bool:
+            return not self.core.list_namespaced_pod(ns, label_selector=system.job_label).items and not (
+                self.custom.list_namespaced_custom_object(system.group, system.version, ns, system.plural)["items"])
+
+        wait_for(gone, timeout=timeout, interval=1.0, message=f"{system.name}'s jobs and pods in {ns} deleted")
+
+    def session(self, system: System, pid: int, ns_prefix: str, jobs: int, wide: int) -> dict[str, Any]:
+        """One turn of a running operator (process `pid`): N jobs x 2 ranks, 1 job x `wide` ranks, then every
+        job deleted. CPU is counted from the first create until the last job's children exist."""
+        out: dict[str, Any] = {"rssAtRestMiB": round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)}
+        narrow_ns, wide_ns = self.namespace(f"{ns_prefix}-narrow"), self.namespace(f"{ns_prefix}-wide")
+        before = procstat.usage(pid).cpu_seconds
+        out["narrow"] = self.measure(system, narrow_ns, jobs)
+        after = procstat.usage(pid)
+        out["narrow"]["cpuMsPerJob"] = round((after.cpu_seconds - before) * 1000 / jobs, 1)
+        out["rssPeakMiB"] = round(after.peak_rss_bytes / procstat.MIB, 1)
+        out["wide"] = self.measure(system, wide_ns, 1, wide)
+        out["rssPeakAfterWideMiB"] = round(procstat.usage(pid).peak_rss_bytes / procstat.MIB, 1)
+        for ns in (narrow_ns, wide_ns):
+            self.delete_all(system, ns)
+        time.sleep(5)  # the operator's own clean-up after the last deletion event (finalizers, index entries)
+        out["rssAfterDeleteMiB"] = round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)
+        return out
+
+    def raw_turn(self, ns_prefix: str, jobs: int, wide: int) -> dict[str, Any]:
+        out = {"narrow": self.raw(jobs, ns=f"{ns_prefix}-narrow"), "wide": self.raw(1, wide, ns=f"{ns_prefix}-wide")}
+        for ns in (f"{ns_prefix}-narrow", f"{ns_prefix}-wide"):  # no owner: nothing collects them
+            self.kubectl("delete", "pods,services,configmaps,secrets", "--all", "-n", ns, timeout=600)
+        return out
 
     # --- 3. steady state -------------------------------------------------------------------------------------
     def steady(self, ns: str, jobs: int, window: float) -> dict[str, Any]:
@@ -186,16 +277,41 @@ class Bench:
                 "requestsPerJobPerMinute": round(total / window * 60 / jobs, 1)}  # fmt: skip
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=50)
+    ap.add_argument("--jobs", type=int, default=50, help="jobs of 2 ranks created at once")
     ap.add_argument("--window", type=float, default=30.0, help="seconds of steady-state measurement")
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
-    args = ap.parse_args()
+    peer = ap.add_argument_group("raw, ours and the Kubeflow peer, interleaved (make bench-peer)")
+    peer.add_argument("--peer", action="store_true", help="measure raw, ours and the peer instead of raw, ours, steady")
+    peer.add_argument("--rounds", type=int, default=1, help="interleaved rounds (the order rotates each round)")
+    peer.add_argument("--wide", type=int, default=64, help="ranks of the one wide job")
+    peer.add_argument("--systems", default="raw,ours,peer", help="which of raw,ours,peer to run (comma-separated)")
+    peer.add_argument("--readme", type=Path, help="write the table into this Markdown file's bench-peer block")
+    args = ap.parse_args(argv)
+    systems = [x for x in args.systems.split(",") if x]
+    unknown = sorted(set(systems) - {"raw", "ours", "peer"})
+    if unknown:
+        ap.error(f"--systems: unknown {', '.join(unknown)}; use raw, ours and/or peer")
+    if args.jobs < 1 or args.rounds < 1 or args.wide < 1:
+        ap.error("--jobs, --rounds and --wide must be at least 1")
+    if (args.readme or args.rounds != 1 or args.systems != "raw,ours,peer") and not args.peer:
+        ap.error("--rounds, --systems and --readme belong to --peer")
+    args.systems = systems
+    return args
 
+
+def turn_order(systems: list[str], round_index: int) -> list[str]:
+    """Round r starts with the r-th system: each one goes first, middle and last equally often."""
+    k = round_index % len(systems)
+    return systems[k:] + systems[:k]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="ftjob-bench-"))
     policy = work / "audit-policy.yaml"
-    policy.write_text(yaml.safe_dump(policy_for_user(OPERATOR_USER)))
+    policy.write_text(yaml.safe_dump(policy_for_user(OPERATOR_USER, PEER_USER)))
     audit_log = work / "audit.log"
     apiserver = KubeApiserver([f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}",
                                "--audit-log-format=json", "--audit-log-mode=blocking"])  # fmt: skip
@@ -205,19 +321,67 @@ def main() -> int:
     with cluster:
         bench = Bench(cluster, audit_log, work)
         operator_kubeconfig = bench.install()
-        results["raw"] = bench.raw(args.jobs)
-        print(f"raw: {results['raw']}", flush=True)
-        with running_operator(operator_kubeconfig, wait_for, work / "operator.log"):
-            results["operator"], ns = bench.operator(args.jobs)
-            print(f"operator: {results['operator']}", flush=True)
-            results["steady"] = bench.steady(ns, args.jobs, args.window)
-            print(f"steady: {results['steady']}", flush=True)
-            results["watches"] = watch_uris(audit_log, OPERATOR_USER)
-    print(report(results))
+        if args.peer:
+            results.update(peer_mode(bench, args, operator_kubeconfig, work))
+        else:
+            results["raw"] = bench.raw(args.jobs)
+            print(f"raw: {results['raw']}", flush=True)
+            with running_operator(operator_kubeconfig, wait_for, work / "operator.log"):
+                results["operator"], ns = bench.operator(args.jobs)
+                print(f"operator: {results['operator']}", flush=True)
+                results["steady"] = bench.steady(ns, args.jobs, args.window)
+                print(f"steady: {results['steady']}", flush=True)
+                results["watches"] = watch_uris(audit_log, OPERATOR_USER)
+    if args.peer:
+        print(peer_report.table(results))
+        if args.readme:
+            command = f"make bench-peer BENCH_PEER_JOBS={args.jobs} BENCH_PEER_ROUNDS={args.rounds}"
+            peer_report.write_section(args.readme, peer_report.section(results, command))
+    else:
+        print(report(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"logs and audit log: {work}")
     return 0
+
+
+@contextlib.contextmanager
+def running(bench: Bench, system: str, operator_kubeconfig: Path, work: Path, tag: str) -> Iterator[int]:
+    """A fresh operator of `system` for one turn; yields its pid."""
+    if system == "ours":
+        with running_operator(operator_kubeconfig, wait_for, work / f"operator-{tag}.log") as op:
+            yield op.proc.pid
+        return
+    from ftjob_cluster.peer import PeerProcess
+
+    assert bench.cluster.ctx is not None
+    peer_kubeconfig = bench.cluster.ctx.write_kubeconfig("bench-peer", PEER_USER)
+    with PeerProcess(peer_kubeconfig, work / f"peer-{tag}", admin_kubeconfig=bench.cluster.kubeconfig) as peer:
+        yield peer.pid
+
+
+def peer_mode(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path, work: Path) -> dict[str, Any]:
+    if "peer" in args.systems:
+        bins.ensure_binary("training-operator")  # a first build (minutes) before any clock starts
+        bench.kubectl("create", "clusterrolebinding", "bench-peer-admin", "--clusterrole=cluster-admin",
+                      f"--user={PEER_USER}")  # fmt: skip
+    out: dict[str, Any] = {"jobs": args.jobs, "wideRanks": args.wide, "kubernetes": bins.K8S_VERSION,
+                           "peerVersion": bins.PEER_VERSION, "loadBefore": round(os.getloadavg()[0], 1),
+                           "rounds": []}  # fmt: skip
+    for r in range(args.rounds):
+        this: dict[str, Any] = {"order": turn_order(args.systems, r)}
+        for system in this["order"]:
+            prefix = f"bench-{system}-{r}"
+            if system == "raw":
+                this["raw"] = bench.raw_turn(prefix, args.jobs, args.wide)
+            else:
+                with running(bench, system, operator_kubeconfig, work, f"{r}") as pid:
+                    this[system] = bench.session(OURS if system == "ours" else PEER, pid, prefix, args.jobs,
+                                                 args.wide)  # fmt: skip
+            print(f"round {r} {system}: {json.dumps(this[system])}", flush=True)
+        out["rounds"].append(this)
+    return out
 
 
 def report(r: dict[str, Any]) -> str:

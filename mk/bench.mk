@@ -4,9 +4,12 @@ BENCH_JOBS ?= $(if $(QUICK),20,50)
 BENCH_OUT ?= benchmarks/results/latest
 BENCH_QUICK := $(if $(QUICK),--quick,)
 
-.PHONY: bench bench-quick bench-render bench-operator bench-runtime bench-data bench-gpu
+BENCH_PEER_JOBS ?= $(if $(QUICK),20,200)
+BENCH_PEER_ROUNDS ?= 1
 
-bench: bench-render bench-data bench-runtime bench-operator ## Every benchmark; results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
+.PHONY: bench bench-quick bench-render bench-operator bench-runtime bench-data bench-gpu bench-peer peer-bin
+
+bench: bench-render bench-data bench-runtime bench-operator bench-peer ## Every benchmark; results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
 
 bench-quick: ## The whole benchmark set in its short form (make bench QUICK=1)
 	$(MAKE) bench QUICK=1
@@ -25,3 +28,10 @@ bench-data: setup ## MeCab tokenisation throughput; the runtime's tokenised-data
 
 bench-gpu: setup ## BERT-base Japanese on one NVIDIA GPU, bf16, seq 128, across batch sizes: samples/s, MFU (GPU machines only)
 	$(PY) benchmarks/gpu_bert_ja.py --json $(BENCH_OUT)/gpu-bert-ja.json
+
+peer-bin: ## Build the Kubeflow training-operator v1.8.1 from its Go module (tools/cluster/peer; cached per version)
+	PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster bin training-operator
+
+bench-peer: setup k8s-bins peer-bin ## Raw vs ours vs Kubeflow training-operator, interleaved on one control plane; table -> benchmarks/README.md
+	$(PY) benchmarks/operator_scale.py --peer --jobs $(BENCH_PEER_JOBS) --rounds $(BENCH_PEER_ROUNDS) \
+		--json $(BENCH_OUT)/operator-peer.json --readme benchmarks/README.md

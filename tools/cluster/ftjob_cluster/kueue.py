@@ -80,11 +80,7 @@ class KueueProcess:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.install_crds()
         certs = self.directory / "certs"
-        ca = pki.CertificateAuthority(certs / "ca")
-        serving = ca.issue("serving", "kueue-webhook", dns_names=("localhost",), ips=("127.0.0.1",), server=True)
-        # controller-runtime's webhook server reads tls.crt / tls.key from certDir.
-        (certs / "tls.crt").write_bytes(serving.cert.read_bytes())
-        (certs / "tls.key").write_bytes(serving.key.read_bytes())
+        ca = pki.webhook_serving_pair(certs, "kueue-webhook")
         self.webhook_port, health, metrics = free_port(), free_port(), free_port()
         config = {
             "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -107,7 +103,7 @@ class KueueProcess:
             self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                             env=env, start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
         self._wait_ready(f"http://127.0.0.1:{health}/readyz", timeout)
-        hooks = webhook_configurations(f"https://127.0.0.1:{self.webhook_port}", ca.pair.cert.read_bytes())
+        hooks = webhook_configurations(f"https://127.0.0.1:{self.webhook_port}", ca.cert.read_bytes())
         self._kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(h) for h in hooks))
         return self
 

@@ -128,3 +128,14 @@ def service_account_keys(directory: Path) -> KeyPair:
     key = ec.generate_private_key(ec.SECP256R1())
     pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return KeyPair(cert=_write(directory / "sa.pub", pub, 0o644), key=_write(directory / "sa.key", _key_pem(key)))
+
+
+def webhook_serving_pair(cert_dir: Path, common_name: str) -> KeyPair:
+    """A throwaway CA (cert_dir/ca) and a serving pair for 127.0.0.1/localhost, written as the tls.crt and
+    tls.key that controller-runtime's webhook server reads from its cert dir. Returns the CA pair (the
+    caBundle of any webhook configuration pointing at that server)."""
+    ca = CertificateAuthority(cert_dir / "ca", common_name=f"{common_name}-ca")
+    serving = ca.issue("serving", common_name, dns_names=("localhost",), ips=("127.0.0.1",), server=True)
+    _write(cert_dir / "tls.crt", serving.cert.read_bytes(), 0o644)
+    _write(cert_dir / "tls.key", serving.key.read_bytes())
+    return ca.pair

@@ -1,0 +1,132 @@
+"""The pure parts of `make bench-peer`: argument handling, the peer's command line and cert pair, /proc parsing
+and the README table. The numbers themselves are measured by the benchmark, never asserted here."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools" / "cluster"))
+import operator_scale  # noqa: E402
+import peer_report  # noqa: E402
+import procstat  # noqa: E402
+
+from ftjob_cluster import bins, peer, pki  # noqa: E402
+
+
+def test_peer_mode_arguments_and_their_defaults() -> None:
+    args = operator_scale.parse_args(["--peer", "--jobs", "20", "--readme", "x.md"])
+    assert (args.peer, args.jobs, args.rounds, args.wide, args.systems) == (True, 20, 1, 64, ["raw", "ours", "peer"])
+    assert args.readme == Path("x.md")
+    assert operator_scale.parse_args(["--peer", "--systems", "ours,peer"]).systems == ["ours", "peer"]
+    assert not operator_scale.parse_args([]).peer  # make bench-operator's raw, ours, steady run is unchanged
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--peer", "--systems", "ours,kubeflow"], ["--peer", "--rounds", "0"], ["--peer", "--jobs", "0"],
+     ["--readme", "x.md"], ["--rounds", "2"]],
+)  # fmt: skip
+def test_bad_peer_arguments_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        operator_scale.parse_args(argv)
+    assert e.value.code == 2
+    assert "--" in capsys.readouterr().err  # the message names the flag
+
+
+def test_rounds_rotate_which_system_goes_first() -> None:
+    systems = ["raw", "ours", "peer"]
+    firsts = [operator_scale.turn_order(systems, r)[0] for r in range(3)]
+    assert firsts == ["raw", "ours", "peer"]
+    assert all(sorted(operator_scale.turn_order(systems, r)) == sorted(systems) for r in range(5))
+
+
+def test_both_systems_make_one_pod_per_rank() -> None:
+    spec = operator_scale.pytorchjob_manifest("j", "ns", 64)["spec"]["pytorchReplicaSpecs"]
+    assert (spec["Master"]["replicas"], spec["Worker"]["replicas"]) == (1, 63)
+    assert "Worker" not in operator_scale.pytorchjob_manifest("j", "ns", 1)["spec"]["pytorchReplicaSpecs"]
+    assert operator_scale.job_manifest("j", "ns", 64)["spec"]["hardware"]["nodes"] == 64
+    assert (operator_scale.PEER.services_per_job(64), operator_scale.OURS.services_per_job(64)) == (64, 1)
+
+
+def test_peer_command_line() -> None:
+    args = peer.peer_args(1001, 1002, 1003)
+    assert {"--enable-scheme=pytorchjob", "--leader-elect=false", "--webhook-server-port=1003"} <= set(args)
+    assert "--health-probe-bind-address=127.0.0.1:1001" in args and "--metrics-bind-address=127.0.0.1:1002" in args
+    cmd = peer.in_private_cert_dir(["/bin/peer", *args], Path("/w/certs"))
+    assert cmd[:4] == ["unshare", "--mount", "--propagation", "private"]
+    assert cmd[-len(args) - 1 :] == ["/bin/peer", *args]  # exec'd in place: the pid measured is the peer's
+    setup = cmd[cmd.index("-c") + 1]
+    assert 'mount -t tmpfs tmpfs "/tmp/k8s-webhook-server"' in setup and setup.endswith('exec "$@"')
+    assert bins.peer_crd.__name__ and "training-operator" in bins.tool_names()
+
+
+def test_webhook_serving_pair_is_a_matching_loopback_pair(tmp_path: Path) -> None:
+    ca = pki.webhook_serving_pair(tmp_path, "training-operator")
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    key = load_pem_private_key((tmp_path / "tls.key").read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    assert cert.public_key().public_numbers() == key.public_key().public_numbers()
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    issuer = x509.load_pem_x509_certificate(ca.cert.read_bytes())
+    cert.verify_directly_issued_by(issuer)
+    assert (tmp_path / "tls.key").stat().st_mode & 0o077 == 0
+
+
+def test_proc_parsing_and_this_process_usage() -> None:
+    stat = "4242 (a (b) c) S 17 1 1 0 -1 0 0 0 0 0 250 50 0 0 20 0 1 0 0 0 0"
+    ppid, cpu = procstat.parse_stat(stat)
+    assert (ppid, cpu) == (17, 300 / os.sysconf("SC_CLK_TCK"))
+    assert procstat.parse_status_kib("Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t 1024 kB\n", "VmRSS") == 1024 * 1024
+    assert procstat.parse_status_kib("Name:\tzombie\n", "VmRSS") == 0
+    me = procstat.usage(os.getpid())
+    assert me.cpu_seconds > 0 and me.rss_bytes > 0 and me.peak_rss_bytes > 0
+
+
+def _session(makespan: float, cpu: float) -> dict[str, Any]:
+    run = {"makespanSeconds": makespan, "latencySeconds": {"p50": 1.0, "p95": 2.0, "max": 3.0},
+           "requestsPerJob": 9.0, "cpuMsPerJob": cpu}  # fmt: skip
+    return {"narrow": run, "wide": {**run, "requestsPerJob": 70.0}, "rssAtRestMiB": 80.0, "rssPeakMiB": 200.0,
+            "rssAfterDeleteMiB": 90.0}  # fmt: skip
+
+
+def _results(rounds: int) -> dict[str, Any]:
+    raw = {"narrow": {"seconds": 5.0, "perJob": 4.0}, "wide": {"seconds": 0.5, "perJob": 66.0}}
+    return {"jobs": 200, "wideRanks": 64, "kubernetes": "v1.37.2", "peerVersion": "v1.8.1", "loadBefore": 1.5,
+            "machine": {"cpus": 2},
+            "rounds": [{"raw": raw, "ours": _session(10.0 + r, 60.0), "peer": _session(40.0, 20.0)}
+                       for r in range(rounds)]}  # fmt: skip
+
+
+def test_table_has_medians_ranges_and_both_ratios() -> None:
+    text = peer_report.table(_results(3))
+    row = next(line for line in text.splitlines() if line.startswith("| 200 jobs × 2 ranks: makespan"))
+    # ours median 11 s over 10..12, peer 40 s, raw 5 s: ours:raw 2.2, ours:peer 0.275
+    assert row == "| 200 jobs × 2 ranks: makespan to every pod and Service | 11.00 s (10.00 s–12.00 s) | 40.00 s | 5.00 s | 2.20× | 0.28× |"  # noqa: E501
+    cpu = next(line for line in text.splitlines() if "CPU per 2-rank job" in line)
+    assert cpu.endswith("| 60 ms | 20 ms | – | – | 3.00× |")
+    assert peer_report.ratio(1.0, None) == "–" and peer_report.ratio(1.0, 0.0) == "–"
+
+
+def test_readme_block_is_appended_once_then_replaced(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# Benchmarks\n\nintro\n")
+    peer_report.write_section(readme, peer_report.section(_results(1), "make bench-peer"))
+    first = readme.read_text()
+    assert first.startswith("# Benchmarks\n\nintro\n") and first.count(peer_report.BEGIN) == 1
+    assert "Reproduce: `make bench-peer`" in first and "| 40.00 s |" in first
+    readme.write_text(first + "\n## Later section\n")
+    peer_report.write_section(readme, peer_report.section(_results(2), "make bench-peer BENCH_PEER_ROUNDS=2"))
+    second = readme.read_text()
+    assert second.count(peer_report.BEGIN) == 1 and second.count(peer_report.END) == 1
+    assert "BENCH_PEER_ROUNDS=2" in second and "## Later section" in second and "2 round(s)" in second
