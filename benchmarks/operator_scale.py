@@ -128,6 +128,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def settle(pid: int, busy: float = 0.05, window: float = 1.0, timeout: float = 60.0) -> None:
+    """Wait until process `pid` uses under `busy` of a CPU over `window` seconds (a fresh operator finishes its
+    start-up work after it reports healthy), so that neither start-up nor clean-up lands in a measurement."""
+    deadline = time.monotonic() + timeout
+    last = procstat.usage(pid).cpu_seconds
+    while time.monotonic() < deadline:
+        time.sleep(window)
+        now = procstat.usage(pid).cpu_seconds
+        if now - last < busy * window:
+            return
+        last = now
+
+
 class Bench:
     def __init__(self, cluster: LocalCluster, audit_log: Path, workdir: Path) -> None:
         self.cluster = cluster
@@ -235,8 +248,9 @@ class Bench:
     def session(self, system: System, pid: int, ns_prefix: str, jobs: int, wide: int) -> dict[str, Any]:
         """One turn of a running operator (process `pid`): N jobs x 2 ranks, 1 job x `wide` ranks, then every
         job deleted. CPU is counted from the first create until the last job's children exist."""
-        out: dict[str, Any] = {"rssAtRestMiB": round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)}
         narrow_ns, wide_ns = self.namespace(f"{ns_prefix}-narrow"), self.namespace(f"{ns_prefix}-wide")
+        settle(pid)
+        out: dict[str, Any] = {"rssAtRestMiB": round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)}
         before = procstat.usage(pid).cpu_seconds
         out["narrow"] = self.measure(system, narrow_ns, jobs)
         after = procstat.usage(pid)
@@ -246,7 +260,7 @@ class Bench:
         out["rssPeakAfterWideMiB"] = round(procstat.usage(pid).peak_rss_bytes / procstat.MIB, 1)
         for ns in (narrow_ns, wide_ns):
             self.delete_all(system, ns)
-        time.sleep(5)  # the operator's own clean-up after the last deletion event (finalizers, index entries)
+        settle(pid)  # the operator's own clean-up after the last deletion event (finalizers, index entries)
         out["rssAfterDeleteMiB"] = round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)
         return out
 
@@ -351,7 +365,7 @@ def running(bench: Bench, system: str, operator_kubeconfig: Path, work: Path, ta
     """A fresh operator of `system` for one turn; yields its pid."""
     if system == "ours":
         with running_operator(operator_kubeconfig, wait_for, work / f"operator-{tag}.log") as op:
-            yield op.proc.pid
+            yield op.process.pid
         return
     from ftjob_cluster.peer import PeerProcess
 
