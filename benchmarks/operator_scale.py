@@ -349,8 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer:
         print(peer_report.table(results))
         if args.readme:
-            command = f"make bench-peer BENCH_PEER_JOBS={args.jobs} BENCH_PEER_ROUNDS={args.rounds}"
-            peer_report.write_section(args.readme, peer_report.section(results, command))
+            peer_report.write_section(args.readme, peer_report.section(results, peer_report.command(results)))
     else:
         print(report(results))
     if args.json:
@@ -380,7 +379,8 @@ def peer_mode(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path,
         bins.ensure_binary("training-operator")  # a first build (minutes) before any clock starts
         bench.kubectl("create", "clusterrolebinding", "bench-peer-admin", "--clusterrole=cluster-admin",
                       f"--user={PEER_USER}")  # fmt: skip
-    out: dict[str, Any] = {"jobs": args.jobs, "wideRanks": args.wide, "kubernetes": bins.K8S_VERSION,
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": args.jobs, "wideRanks": args.wide,
+                           "kubernetes": bins.K8S_VERSION,
                            "peerVersion": bins.PEER_VERSION, "loadBefore": round(os.getloadavg()[0], 1),
                            "rounds": []}  # fmt: skip
     for r in range(args.rounds):

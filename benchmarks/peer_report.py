@@ -3,7 +3,9 @@ benchmarks/README.md. Pure: results in, Markdown out (unit-tested in tests/unit/
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,11 +77,18 @@ def table(results: dict[str, Any]) -> str:
 
 def section(results: dict[str, Any], command: str) -> str:
     """The README block: what ran, the table, and how to reproduce it."""
-    m = results["machine"]
-    head = (f"{len(results['rounds'])} round(s) of raw, ours and peer interleaved (order rotated each round) on "
-            f"one LocalCluster (Kubernetes {results['kubernetes']}), {m['cpus']} CPUs, load average "
-            f"{results['loadBefore']} before it; Kubeflow training-operator {results['peerVersion']}.")  # fmt: skip
+    m, r = results["machine"], results
+    head = (
+        f"{r.get('date', '')}: {len(r['rounds'])} round(s) of raw, ours and peer interleaved (the order rotates "
+        f"each round) on one LocalCluster (Kubernetes {r['kubernetes']}), {m['cpus']} CPUs, load average "
+        f"{r['loadBefore']} before it; Kubeflow training-operator {r['peerVersion']}."
+    )
     return "\n".join([BEGIN, head, "", table(results), "", f"Reproduce: `{command}`", END])
+
+
+def command(results: dict[str, Any]) -> str:
+    """The make command that repeats the run these results come from."""
+    return f"make bench-peer BENCH_PEER_JOBS={results['jobs']} BENCH_PEER_ROUNDS={len(results['rounds'])}"
 
 
 def write_section(readme: Path, block: str) -> None:
@@ -93,3 +102,11 @@ def write_section(readme: Path, block: str) -> None:
         heading = "## Results: raw, ours and the Kubeflow peer (`make bench-peer`)"
         text = text.rstrip("\n") + f"\n\n{heading}\n{block}\n"
     readme.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    # Re-render a saved run: python benchmarks/peer_report.py RESULTS.json [README.md]
+    saved = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    if len(sys.argv) > 2:
+        write_section(Path(sys.argv[2]), section(saved, command(saved)))
+    print(table(saved))
