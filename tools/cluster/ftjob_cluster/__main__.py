@@ -1,6 +1,7 @@
 """ftjob-cluster: pinned Kubernetes binaries and a local control plane (see docs/cluster.md).
 
-bin NAME...      print absolute paths of pinned binaries, fetching/building them first (`bin kueue` builds Kueue)
+bin NAME...      print absolute paths of pinned binaries, fetching/building them first (`bin kueue` builds Kueue,
+                 `bin training-operator` the Kubeflow peer of make bench-peer)
 build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS; never
                  Kueue: `make kueue-bin`, only the Kueue tier needs it)
 node-check       say whether this machine can run a node
