@@ -67,7 +67,7 @@ def test_peer_command_line() -> None:
     assert cmd[-len(args) - 1 :] == ["/bin/peer", *args]  # exec'd in place: the pid measured is the peer's
     setup = cmd[cmd.index("-c") + 1]
     assert 'mount -t tmpfs tmpfs "/tmp/k8s-webhook-server"' in setup and setup.endswith('exec "$@"')
-    assert bins.peer_crd.__name__ and "training-operator" in bins.tool_names()
+    assert "training-operator" in bins.tool_names() and "kueue" in bins.tool_names()
 
 
 def test_webhook_serving_pair_is_a_matching_loopback_pair(tmp_path: Path) -> None:
@@ -130,3 +130,13 @@ def test_readme_block_is_appended_once_then_replaced(tmp_path: Path) -> None:
     second = readme.read_text()
     assert second.count(peer_report.BEGIN) == 1 and second.count(peer_report.END) == 1
     assert "BENCH_PEER_ROUNDS=2" in second and "## Later section" in second and "2 round(s)" in second
+
+
+def test_peer_build_is_pinned_where_bins_says() -> None:
+    tool = bins.MODULE_TOOLS["training-operator"]
+    go_mod = (tool.directory / "go.mod").read_text()
+    assert f"\t{bins.PEER_MODULE} {bins.PEER_VERSION} " in go_mod  # go.mod and PEER_VERSION bumped together
+    assert f"tool {tool.package}\n" in go_mod
+    assert tool.bin_dir() == bins.cache_root() / "peer" / bins.PEER_VERSION / "bin"
+    # Kueue's cache folder is where it was before both became ModuleTools: existing caches stay valid.
+    assert bins.kueue_bin_dir() == bins.cache_root() / "kueue" / bins.KUEUE_VERSION / "bin"
