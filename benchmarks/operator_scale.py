@@ -393,7 +393,12 @@ def peer_mode(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path,
                 with running(bench, system, operator_kubeconfig, work, f"{r}") as pid:
                     this[system] = bench.session(OURS if system == "ours" else PEER, pid, prefix, args.jobs,
                                                  args.wide)  # fmt: skip
+            this[system]["loadAfter"] = round(os.getloadavg()[0], 1)  # other work on the machine shows here
             print(f"round {r} {system}: {json.dumps(this[system])}", flush=True)
+            if args.json:  # what is done so far survives a later failure
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                partial = {**out, "rounds": [*out["rounds"], this]}
+                args.json.with_suffix(".partial.json").write_text(json.dumps(partial, indent=2) + "\n")
         out["rounds"].append(this)
     return out
 

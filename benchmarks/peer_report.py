@@ -75,13 +75,19 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _loads(results: dict[str, Any]) -> str:
+    loads = [turn["loadAfter"] for rnd in results["rounds"] for turn in rnd.values()
+             if isinstance(turn, dict) and "loadAfter" in turn]  # fmt: skip
+    return f" and {min(loads)}–{max(loads)} after the turns" if loads else ""
+
+
 def section(results: dict[str, Any], command: str) -> str:
     """The README block: what ran, the table, and how to reproduce it."""
     m, r = results["machine"], results
     head = (
         f"{r.get('date', '')}: {len(r['rounds'])} round(s) of raw, ours and peer interleaved (the order rotates "
         f"each round) on one LocalCluster (Kubernetes {r['kubernetes']}), {m['cpus']} CPUs, load average "
-        f"{r['loadBefore']} before it; Kubeflow training-operator {r['peerVersion']}."
+        f"{r['loadBefore']} before it{_loads(r)}; Kubeflow training-operator {r['peerVersion']}."
     )
     return "\n".join([BEGIN, head, "", table(results), "", f"Reproduce: `{command}`", END])
 

@@ -104,7 +104,8 @@ def _results(rounds: int) -> dict[str, Any]:
     raw = {"narrow": {"seconds": 5.0, "perJob": 4.0}, "wide": {"seconds": 0.5, "perJob": 66.0}}
     return {"jobs": 200, "wideRanks": 64, "kubernetes": "v1.37.2", "peerVersion": "v1.8.1", "loadBefore": 1.5,
             "machine": {"cpus": 2},
-            "rounds": [{"raw": raw, "ours": _session(10.0 + r, 60.0), "peer": _session(40.0, 20.0)}
+            "rounds": [{"order": ["raw", "ours", "peer"], "raw": raw,
+                        "ours": {**_session(10.0 + r, 60.0), "loadAfter": 3.0 + r}, "peer": _session(40.0, 20.0)}
                        for r in range(rounds)]}  # fmt: skip
 
 
@@ -130,6 +131,7 @@ def test_readme_block_is_appended_once_then_replaced(tmp_path: Path) -> None:
     second = readme.read_text()
     assert second.count(peer_report.BEGIN) == 1 and second.count(peer_report.END) == 1
     assert "BENCH_PEER_ROUNDS=2" in second and "## Later section" in second and "2 round(s)" in second
+    assert "load average 1.5 before it and 3.0–4.0 after the turns" in second
 
 
 def test_peer_build_is_pinned_where_bins_says() -> None:

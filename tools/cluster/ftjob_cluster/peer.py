@@ -84,7 +84,13 @@ class PeerProcess:
     def install(self) -> None:
         crd = bins.peer_crd()
         self._kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        self._kubectl("wait", "--for=condition=Established", "--timeout=120s", "-f", str(crd))
+        # Not `kubectl wait`: on a CRD just created it fails while .status.conditions is still absent.
+        established = '{.status.conditions[?(@.type=="Established")].status}'
+        deadline = time.monotonic() + 120
+        while self._kubectl("get", "-f", str(crd), "-o", f"jsonpath={established}").strip() != "True":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CRD {crd.name} not Established within 120 s")
+            time.sleep(0.5)
         secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": NAMESPACE}}
         docs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}, secret]
         self._kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
