@@ -376,7 +376,10 @@ def running(bench: Bench, system: str, operator_kubeconfig: Path, work: Path, ta
 
 def peer_mode(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path, work: Path) -> dict[str, Any]:
     if "peer" in args.systems:
+        from ftjob_cluster.peer import PeerProcess
+
         bins.ensure_binary("training-operator")  # a first build (minutes) before any clock starts
+        PeerProcess(bench.cluster.kubeconfig, work).install()  # its CRD, before any turn
         bench.kubectl("create", "clusterrolebinding", "bench-peer-admin", "--clusterrole=cluster-admin",
                       f"--user={PEER_USER}")  # fmt: skip
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": args.jobs, "wideRanks": args.wide,

@@ -84,10 +84,13 @@ class PeerProcess:
     def install(self) -> None:
         crd = bins.peer_crd()
         self._kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        # Not `kubectl wait`: on a CRD just created it fails while .status.conditions is still absent.
-        established = '{.status.conditions[?(@.type=="Established")].status}'
+        # Not `kubectl wait` or a jsonpath filter: both fail on a new CRD while .status.conditions is absent.
+        def established() -> bool:
+            status = json.loads(self._kubectl("get", "-f", str(crd), "-o", "json")).get("status") or {}
+            return any(c["type"] == "Established" and c["status"] == "True" for c in status.get("conditions") or [])
+
         deadline = time.monotonic() + 120
-        while self._kubectl("get", "-f", str(crd), "-o", f"jsonpath={established}").strip() != "True":
+        while not established():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"CRD {crd.name} not Established within 120 s")
             time.sleep(0.5)
