@@ -256,6 +256,7 @@ class Bench:
         after = procstat.usage(pid)
         out["narrow"]["cpuMsPerJob"] = round((after.cpu_seconds - before) * 1000 / jobs, 1)
         out["rssPeakMiB"] = round(after.peak_rss_bytes / procstat.MIB, 1)
+        settle(pid)  # the N jobs' later passes (status patches) would otherwise count as the wide job's requests
         out["wide"] = self.measure(system, wide_ns, 1, wide)
         out["rssPeakAfterWideMiB"] = round(procstat.usage(pid).peak_rss_bytes / procstat.MIB, 1)
         for ns in (narrow_ns, wide_ns):

@@ -84,8 +84,9 @@ def _loads(results: dict[str, Any]) -> str:
 def section(results: dict[str, Any], command: str) -> str:
     """The README block: what ran, the table, and how to reproduce it."""
     m, r = results["machine"], results
+    date = f"{r['date']}: " if r.get("date") else ""
     head = (
-        f"{r.get('date', '')}: {len(r['rounds'])} round(s) of raw, ours and peer interleaved (the order rotates "
+        f"{date}{len(r['rounds'])} round(s) of raw, ours and peer interleaved (the order rotates "
         f"each round) on one LocalCluster (Kubernetes {r['kubernetes']}), {m['cpus']} CPUs, load average "
         f"{r['loadBefore']} before it{_loads(r)}; Kubeflow training-operator {r['peerVersion']}."
     )
