@@ -88,6 +88,10 @@ def test_mpich_command() -> None:
                                   which=_which({"mpirun", "mpirun.mpich", "mpirun.openmpi"}))
     assert cmd == ["mpirun.mpich", "-f", "/etc/ftjob/hostfile", "-n", "4", "-ppn", "2", "-genvall",
                    "/py", "-m", "finetune_runtime", "worker"]
+    # In pods the proxies dial mpiexec back by the launcher's DNS name (its short hostname does not resolve).
+    env["FTJOB_LAUNCHER_HOST"] = "j-launcher.j.ns.svc"
+    cmd = launcher.mpirun_command(env, python="/py", is_root=True, which=_which({"mpirun.mpich"}))
+    assert cmd[7:9] == ["-localhost", "j-launcher.j.ns.svc"], cmd
 
 
 def _intel_tree(root: Path) -> Path:

@@ -219,7 +219,8 @@ def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, atte
                 image=image, containers=[sshd], init_containers=[], scheduling=_scheduling(job, layout),
             )
         )
-    wait_cmd = [c.RUNTIME_CMD, "wait-for", "--timeout", str(WAIT_TIMEOUT_S)]
+    # The launcher's own name first: the workers' proxies resolve it through the same cluster DNS.
+    wait_cmd = [c.RUNTIME_CMD, "wait-for", "--timeout", str(WAIT_TIMEOUT_S), "--dns", names.fqdn(names.launcher)]
     for i in range(layout.nodes):
         host = names.fqdn(names.rank_pod(i))
         wait_cmd += ["--dns", host, "--ssh", host]
