@@ -29,7 +29,13 @@ def _finished(kubectl: Kubectl, ns: str, name: str) -> dict[str, Any] | None:
 def _diagnose(kubectl: Kubectl, ns: str) -> str:
     pods = kubectl("-n", ns, "get", "pods", "-o", "wide", check=False).stdout
     events = kubectl("-n", ns, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout[-3000:]
-    return f"pods:\n{pods}\nevents:\n{events}"
+    logs = []
+    for pod in kubectl("-n", ns, "get", "pods", "-o", "name", check=False).stdout.split():
+        for previous in ("--previous=false", "--previous=true"):
+            out = kubectl("-n", ns, "logs", pod, "--all-containers", previous, "--tail=40", check=False)
+            if out.stdout.strip():
+                logs.append(f"--- {pod} {previous}\n{out.stdout[-4000:]}")
+    return f"pods:\n{pods}\nevents:\n{events}\nlogs:\n" + "\n".join(logs)
 
 
 def test_operator_runs_in_cluster_with_service_account(kubectl: Kubectl, operator: str) -> None:
@@ -102,3 +108,40 @@ def test_mpi_mpich_squad_launcher_and_two_workers(kubectl: Kubectl, job_namespac
     assert {"squad-mpi-launcher", "squad-mpi-worker-0", "squad-mpi-worker-1"} <= running, running
     metrics = list((host / "squad-mpi").rglob("*metrics*.json"))
     assert metrics, sorted(str(p) for p in (host / "squad-mpi").rglob("*"))[:50]
+
+
+# A plain torch.distributed script: nothing of ours in it; torchrun (reading PET_*) sets RANK, WORLD_SIZE...
+ALL_REDUCE = """\
+import json, os, sys
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+out = {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(), "group": os.environ["GROUP_RANK"],
+       "master": os.environ["MASTER_ADDR"]}
+open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w").write(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+def test_bare_torchrun_command_forms_one_world_across_two_pods(kubectl: Kubectl,
+                                                               job_namespace: tuple[str, Path]) -> None:
+    """`command: [torchrun, script]` with no flags, as in a PyTorchJob: without the PET_* variables each pod
+    would train a world of its own (rank 0 of 1); with them both pods join one world through rank 0's DNS name."""
+    ns, host = job_namespace
+    (host / "scripts").mkdir(mode=0o777)
+    (host / "scripts" / "all_reduce.py").write_text(ALL_REDUCE)
+    (host / "scripts" / "all_reduce.py").chmod(0o644)
+    kubectl("-n", ns, "apply", "-f", str(JOBS / "bare-torchrun.yaml"))
+    try:
+        job = wait_for(lambda: _finished(kubectl, ns, "bare-torchrun"), timeout=JOB_TIMEOUT, interval=2.0,
+                       message="bare-torchrun to finish")
+    except TimeoutError:
+        pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}")
+    assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
+    out = host / "bare-torchrun" / ns / "bare-torchrun"
+    ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda x: x["rank"])
+    assert [(x["rank"], x["world"], x["sum"]) for x in ranks] == [(0, 2, 3.0), (1, 2, 3.0)], ranks
+    assert {x["group"] for x in ranks} == {"0", "1"}, ranks  # one torchrun agent per pod, node rank from PET_*
+    assert {x["master"] for x in ranks} == {f"bare-torchrun-rank-0.bare-torchrun.{ns}.svc"}, ranks
