@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from . import cachereport, policy
 from . import constants as c
-from . import policy
 from .builders import Layout, Names, SshKeys, desired, owner_reference, resolve
 from .builders.workload import workload as build_workload
 
@@ -596,11 +596,26 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
     pods, objects, foreign = owned(owner_reference(job)["uid"], observed)  # the uid its children carry
     report_foreign(st, foreign, observed.now)
     live = [pod for pod in pods if not _deleting(pod)]
+    _record_compile_cache(plan, Names.of(job, layout.launcher), layout, attempt, live)
     return Pass(job=job, observed=observed, config=config or {}, layout=layout, names=Names.of(job, layout.launcher),
                 plan=plan, old_phase=old.get("phase"), attempt=attempt, pods=pods, objects=objects,
                 foreign=foreign, live=live,
                 current=[pod for pod in live if _attempt(pod) == attempt],
                 stale=[pod for pod in live if _attempt(pod) != attempt])  # fmt: skip
+
+
+def _record_compile_cache(plan: Plan, names: Names, layout: Layout, attempt: int,
+                          live: list[dict[str, Any]]) -> None:
+    """status.compileCache from the precompile trial of this attempt (cachereport.py), once it has finished."""
+    source = names.launcher if layout.launcher == "mpi" else names.rank_pod(0)
+    pod = next((x for x in live if x["metadata"]["name"] == source and _attempt(x) == attempt), None)
+    report = cachereport.trial_report(pod) if pod else None
+    if report is None:
+        return
+    report["attempt"] = attempt
+    if plan.status.get("compileCache") != report:
+        plan.status["compileCache"] = report
+        plan.events.append(("Normal", "CompileCache", cachereport.describe(report)))
 
 
 def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Plan:

@@ -123,6 +123,41 @@ def test_precompiling_phase_from_init_container() -> None:
     assert w.phase == "Precompiling"
 
 
+def _trial(message: str, code: int = 0) -> list[dict[str, Any]]:
+    return [{"name": "precompile", "state": {"terminated": {"exitCode": code, "message": message}}}]
+
+
+WARM = '{"compileCache":{"warm":true,"graphHits":4,"graphMisses":0,"entriesBefore":9,"entriesAfter":9,' \
+       '"trialSeconds":8.6,"steps":16,"injected":"x"}}'
+
+
+def test_compile_cache_report_from_the_trials_termination_message() -> None:
+    w = World(make_job("p").nodes(2).classification().cache(precompile=True).build())
+    w.step()
+    w.set_phase("p-rank-1", "Running", initContainerStatuses=_trial(WARM.replace("true", "false")))
+    w.set_phase("p-rank-0", "Running", initContainerStatuses=_trial(WARM))
+    plan = w.step()
+    assert w.job["status"]["compileCache"] == {"warm": True, "graphHits": 4, "graphMisses": 0, "entriesBefore": 9,
+                                               "entriesAfter": 9, "trialSeconds": 8.6, "steps": 16, "attempt": 0}
+    assert ("Normal", "CompileCache",
+            "compile cache warm: 4 graph(s) from the cache, 0 compiled; trial 8.6 s") in plan.events
+    assert w.step().events == []  # level-triggered: the same report again is no news
+    w.all_phase("Succeeded")
+    w.step()
+    assert w.phase == "Succeeded" and w.job["status"]["compileCache"]["warm"] is True
+
+
+def test_compile_cache_report_ignores_failed_or_malformed_trials() -> None:
+    for init in (_trial(WARM, code=1), _trial("boom: last log lines"), _trial('{"compileCache":{"warm":"yes"}}'),
+                 _trial('{"compileCache":{"warm":false,"graphHits":true,"steps":"2"}}')):
+        w = World(make_job("p").classification().cache(precompile=True).build())
+        w.step()
+        w.set_phase("p-rank-0", "Running", initContainerStatuses=init)
+        w.step()
+        report = w.job["status"].get("compileCache")
+        assert report in (None, {"warm": False, "attempt": 0}), report  # mistyped fields are dropped
+
+
 def test_rank_failure_restarts_whole_group_then_succeeds() -> None:
     w = World(job2(backoffLimit=2))
     w.step()
