@@ -108,7 +108,7 @@ def operator(node_cluster: NodeCluster, kubectl: Kubectl) -> str:
         [str(helm), "install", "ftjob", str(REPO / "charts" / "finetune-operator"), "-n", OPERATOR_NS,
          f"--kubeconfig={node_cluster.kubeconfig}", "--set", f"operator.image.repository={repo}",
          "--set", f"operator.image.tag={tag}", "--set", f"runtimeImages.tag={runtime_tag}",
-         "--wait", "--timeout=180s"],
+         "--wait", "--timeout=600s"],  # a first start unpacks the images on 2 busy cores
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     return OPERATOR_NS

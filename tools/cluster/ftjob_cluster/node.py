@@ -435,7 +435,12 @@ class Kubelet(_NodeAgent):
             "podLogsDir": str(d / "pod-logs"),
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            # A shared development disk: an image import (docker save -> ctr import, about twice the image's
+            # size for a moment) can dip below a percentage threshold, and the DiskPressure taint then kept
+            # every pod unschedulable for the default 5-minute transition period (the e2e operator's
+            # helm --wait timed out). Absolute floors, and pressure lifts 30 s after it ends.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "512Mi", "imagefs.available": "512Mi"},
+            "evictionPressureTransitionPeriod": "30s",
             "maxPods": 50,
         }
         self.config.write_text(json.dumps(config, indent=2))
