@@ -4,11 +4,14 @@ Helm, in-cluster credentials) renders pods that the kubelet runs from the locall
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from finetune_operator.progress import parse_line
 from ftjob_cluster.localcluster import wait_for
 from ftjob_cluster.testing import Kubectl
 
@@ -145,3 +148,44 @@ def test_bare_torchrun_command_forms_one_world_across_two_pods(kubectl: Kubectl,
     assert [(x["rank"], x["world"], x["sum"]) for x in ranks] == [(0, 2, 3.0), (1, 2, 3.0)], ranks
     assert {x["group"] for x in ranks} == {"0", "1"}, ranks  # one torchrun agent per pod, node rank from PET_*
     assert {x["master"] for x in ranks} == {f"bare-torchrun-rank-0.bare-torchrun.{ns}.svc"}, ranks
+
+
+def _first_step_after_start(kubectl: Kubectl, ns: str, pod: str) -> float:
+    """Seconds from the pod's precompile trial starting to rank 0's first training step (its progress line)."""
+    doc = json.loads(kubectl("-n", ns, "get", "pod", pod, "-o", "json").stdout)
+    trial = next(s for s in doc["status"]["initContainerStatuses"] if s["name"] == "precompile")
+    started = datetime.fromisoformat(trial["state"]["terminated"]["startedAt"].replace("Z", "+00:00"))
+    for line in kubectl("-n", ns, "logs", pod, "-c", "trainer").stdout.splitlines():
+        rec = parse_line(line)
+        if rec and rec.get("event") == "train" and rec.get("step", 0) >= 1:
+            return (datetime.fromisoformat(rec["time"].replace("Z", "+00:00")) - started).total_seconds()
+    raise AssertionError(f"no training step in {pod}'s log")
+
+
+def test_compile_cache_shared_by_two_jobs_is_warm_for_the_second(kubectl: Kubectl,
+                                                                  job_namespace: tuple[str, Path]) -> None:
+    """Two consecutive jobs on one compile-cache claim, each with a precompile trial: the first compiles, the
+    second's trial finds every graph in the cache. status.compileCache says so (from the trial's termination
+    message), and the second reaches its first training step sooner. By how much: `make bench` (compile-cache)."""
+    ns, _ = job_namespace
+    doc = yaml.safe_load((JOBS / "ja-precompile.yaml").read_text())
+    reports, delays = {}, {}
+    for name in ("cold-cache", "warm-cache"):
+        doc["metadata"]["name"] = name
+        kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+        try:
+            job = wait_for(lambda n=name: _finished(kubectl, ns, n), timeout=JOB_TIMEOUT, interval=2.0,
+                           message=f"{name} to finish")
+        except TimeoutError:
+            pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}")
+        assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
+        reports[name] = job["status"].get("compileCache")
+        delays[name] = _first_step_after_start(kubectl, ns, f"{name}-rank-0")
+    cold, warm = reports["cold-cache"], reports["warm-cache"]
+    assert cold and cold["warm"] is False and cold["graphMisses"] > 0, reports
+    assert warm and warm["warm"] is True and warm["graphMisses"] == 0 and warm["graphHits"] > 0, reports
+    assert warm["entriesBefore"] >= cold["entriesAfter"] > 0, reports
+    events = kubectl("-n", ns, "get", "events", "--field-selector=involvedObject.name=warm-cache", "-o", "json")
+    assert any(e["reason"] == "CompileCache" and "warm" in e["message"]
+               for e in json.loads(events.stdout)["items"]), events.stdout[-2000:]
+    assert delays["warm-cache"] < delays["cold-cache"], delays
