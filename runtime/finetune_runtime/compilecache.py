@@ -10,6 +10,8 @@ already held entries and the trial added none.
 from __future__ import annotations
 
 import os
+import shutil
+import sysconfig
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +19,20 @@ from typing import Any
 
 _HITS = (("inductor", "fxgraph_cache_hit"), ("aot_autograd", "autograd_cache_hit"))
 _MISSES = (("inductor", "fxgraph_cache_miss"), ("aot_autograd", "autograd_cache_miss"))
+
+
+def toolchain_problem() -> str | None:
+    """What torch.compile lacks here, or None. Inductor builds its CPU kernels as C++ Python extensions (a C++
+    compiler and Python.h), and Triton its GPU launcher stub the same way (a C compiler)."""
+    missing = []
+    if not shutil.which(os.environ.get("CXX") or "g++"):
+        missing.append("a C++ compiler (g++)")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        missing.append(f"Python.h ({sysconfig.get_paths()['include']})")
+    if not missing:
+        return None
+    return (f"torch.compile (training.compile, compileCache.precompile) needs {' and '.join(missing)}: use a "
+            "finetune-operator image (they ship g++ and python3-dev), or install them into yours")
 
 
 def cache_root(env: Mapping[str, str], backend: str) -> Path | None:

@@ -199,6 +199,11 @@ def _run_worker() -> int:
     plan = plan_backend(backend_from_env(env), cfg.training.precision)
     prepare_process(plan)
     set_cache_env(paths, plan, precompile or cfg.training.compile)
+    if (precompile or cfg.training.compile) and plan.name != "neuron":
+        problem = compilecache.toolchain_problem()
+        if problem:  # before minutes of data preparation, not at the first forward pass
+            log.error("%s", problem)
+            return 2
     emitter = ProgressEmitter(info.is_main)
     log.info("job %s/%s: %s on %s, rank %d of %d (%s), mode %s", cfg.namespace, cfg.job_name, task.type,
              plan.name, info.rank, info.world_size, info.source, "precompile" if precompile else "train")

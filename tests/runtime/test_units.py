@@ -660,3 +660,12 @@ def test_wait_for_accumulates_repeated_flags() -> None:
     ns = parser().parse_args(["wait-for", "--dns", "w0", "--ssh", "w0", "--dns", "w1", "--ssh", "w1:22",
                               "--tcp", "a:1", "b:2"])  # fmt: skip
     assert (ns.dns, ns.ssh, ns.tcp) == (["w0", "w1"], ["w0", "w1:22"], ["a:1", "b:2"])
+
+
+def test_torch_compile_toolchain_problem_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from finetune_runtime.compilecache import toolchain_problem
+
+    assert toolchain_problem() is None  # this machine has g++ and Python.h, as the images do
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    problem = toolchain_problem()
+    assert problem and "a C++ compiler (g++)" in problem and "finetune-operator image" in problem
