@@ -270,8 +270,10 @@ class Pass:
     live: list[dict[str, Any]]  # own pods not being deleted
     current: list[dict[str, Any]]  # live pods of this attempt
     stale: list[dict[str, Any]]  # live pods of earlier attempts
-    # Set by the queued phase for an admitted job: pod role -> what its Kueue flavors add to the pods.
+    # Set by the queued phase for an admitted job: pod role -> what its Kueue flavors add to the pods, or why
+    # they cannot be added (a flavor label against the job's node selector; converge fails the job on it).
     placements: dict[str, Placement] | None = None
+    flavor_conflict: str | None = None
 
     @property
     def run_policy(self) -> dict[str, Any]:
@@ -421,9 +423,11 @@ def _selector_source(job: dict[str, Any], layout: Layout, key: str) -> str:
 
 def admitted(p: Pass, wl: dict[str, Any], queue: str) -> Plan | None:
     """An admitted job proceeds with its flavors' placements (p.placements), read by converge. A flavor that
-    cannot be read holds pod creation; a flavor label that contradicts the job's own node selector fails the
-    job, as Kueue's own integrations finish such a Workload (FailedToStart): the pods could never be placed
-    where the quota was reserved, and overriding the job's selector would run it on nodes it did not ask for."""
+    cannot be read holds pod creation. A flavor label that contradicts the job's own node selector
+    (p.flavor_conflict) fails the job once it has pods to create, as Kueue's own integrations finish such a
+    Workload (FailedToStart): the pods could not run where the quota was reserved, and overriding the job's
+    selector would run them on nodes it did not ask for. Pods already running are left alone (a flavor's
+    nodeLabels edited after they started)."""
     st, now = p.status, p.now
     admission = (wl.get("status") or {}).get("admission") or {}
     missing = [f for f in assigned_flavors(admission) if f not in p.observed.flavors]
@@ -448,10 +452,11 @@ def admitted(p: Pass, wl: dict[str, Any], queue: str) -> Plan | None:
             bad.append(f"pod set {role}: {_selector_source(p.job, p.layout, key)} sets {key}={have} but Kueue "
                        f"assigned ResourceFlavor(s) {', '.join(placement.flavors)} with nodeLabels {key}={want}")
     if bad:
-        msg = ("; ".join(bad) + f". Fix: make the job's node selector agree with the flavor (or drop the key), or "
-               f"queue it in a LocalQueue whose ClusterQueue has a matching flavor; Workload "
-               f"{wl['metadata']['name']} (LocalQueue {queue}) is marked Finished to release its quota")
-        return p.finish("Failed", "FlavorConflict", msg)
+        p.placements = None
+        p.flavor_conflict = (
+            "; ".join(bad) + ". Fix: make the job's node selector agree with the flavor (or drop the key), or queue "
+            f"it in a LocalQueue whose ClusterQueue has a matching flavor; Workload {wl['metadata']['name']} "
+            f"(LocalQueue {queue}) is marked Finished to release its quota")  # fmt: skip
     if p.old_phase == "Queued":
         set_condition(st, "Queued", False, "Admitted", f"admitted by Kueue (LocalQueue {queue})", now)
     return None
@@ -577,7 +582,8 @@ def converge(p: Pass) -> Plan:
     """Stale pods go; missing children are created (pods only once their names are free); the phase follows
     the pods: Precompiling, Running, or Pending/Restarting with the reason pods are not starting. A name held by
     a foreign object is never created over, and no pod is created while any is: it would mount what the
-    foreign object holds (its config, its SSH keys) or sit behind its Service."""
+    foreign object holds (its config, its SSH keys) or sit behind its Service. Pods to create against a Kueue
+    flavor that contradicts the job's node selector (p.flavor_conflict) fail the job instead."""
     st, now, attempt, observed = p.status, p.now, p.attempt, p.observed
     ssh_secret = f"Secret/{p.names.ssh_secret}"
     foreign = {f.ref for f in p.foreign}
@@ -598,10 +604,11 @@ def converge(p: Pass) -> Plan:
         if ref not in p.objects and ref not in foreign:
             p.plan.create.append(obj)
     current_names = {pod["metadata"]["name"] for pod in p.current}
-    for pod in children.pods if not blocked else []:
-        name = pod["metadata"]["name"]
-        if name not in current_names and name not in taken:
-            p.plan.create.append(pod)
+    missing = [pod for pod in children.pods if pod["metadata"]["name"] not in current_names | taken]
+    if missing and not blocked and p.flavor_conflict:
+        p.plan.create = []
+        return p.finish("Failed", "FlavorConflict", p.flavor_conflict)
+    p.plan.create += missing if not blocked else []
     creates_pods = any(o["kind"] == "Pod" for o in p.plan.create)
     if creates_pods and "startTime" not in st:
         st["startTime"] = iso(now)

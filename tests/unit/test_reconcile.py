@@ -436,6 +436,27 @@ def test_a_flavor_contradicting_the_jobs_node_selector_fails_it_and_releases_the
     assert finished and finished[0]["status"] == "True"
 
 
+def test_a_flavor_edited_under_running_pods_fails_the_job_only_when_it_creates_pods() -> None:
+    w = World(make_job("j", "ns").nodes(2).classification().set("spec.hardware.nodeSelector", {"pool": "spr"})
+              .run_policy(queueName="q", backoffLimit=2).build())  # fmt: skip
+    w.step()
+    w.flavors = {"spr": {"metadata": {"name": "spr"}, "spec": {"nodeLabels": {"pool": "spr"}}}}
+    w.kueue(*ADMITTED, admission=on_flavor("spr"))
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    assert w.phase == "Running"
+    w.flavors["spr"]["spec"]["nodeLabels"] = {"pool": "other"}  # edited after the pods started
+    w.step()
+    assert w.phase == "Running" and not [n for n, p in w.pods.items() if p["metadata"].get("deletionTimestamp")]
+    w.set_phase("j-rank-1", "Failed", **terminated(1))
+    w.step()
+    assert w.phase == "Restarting"
+    w.gone()
+    p = w.step()  # the restart's pods would go where the job did not ask: the job fails instead
+    assert p.create == [] and w.phase == "Failed" and w.job["status"]["reason"] == "FlavorConflict"
+
+
 def test_a_workload_the_job_does_not_control_is_never_its_admission() -> None:
     w = World(job2(queueName="q"))
     w.step()
