@@ -1,8 +1,8 @@
 """ftjob-cluster: pinned Kubernetes binaries and a local control plane (see docs/cluster.md).
 
 bin NAME...      print absolute paths of pinned binaries, fetching/building them first (`bin kueue` builds Kueue)
-build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS; never
-                 Kueue: `make kueue-bin`, only the Kueue tier needs it)
+build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS,
+                 kube-network-policies; never Kueue: `make kueue-bin`, only the Kueue tier needs it)
 node-check       say whether this machine can run a node
 up --dir DIR     start a control plane that keeps running after this command exits; --node auto|on adds a
                  node (kubelet, containerd, kube-proxy, CoreDNS) when this machine can run one
@@ -29,7 +29,7 @@ def _cmd_bin(args: argparse.Namespace) -> int:
 
 def _cmd_build(args: argparse.Namespace) -> int:
     bins.fetch_client_binaries(force=args.force)
-    groups = ["node", "coredns"] if args.node else ["control-plane"]
+    groups = ["node", "coredns", "netpol"] if args.node else ["control-plane"]
     for group in groups:
         result = bins.build_go_binaries(force=args.force, group=group)
         if result is not None:

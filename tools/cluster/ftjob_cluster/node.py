@@ -1,4 +1,5 @@
-"""A real node beside the LocalCluster control plane: containerd + runc + CNI, kubelet, kube-proxy, CoreDNS.
+"""A real node beside the LocalCluster control plane: containerd + runc + CNI, kubelet, kube-proxy, CoreDNS, and
+kube-network-policies (NetworkPolicy enforcement) where the kernel can run it.
 
 Layout (docs/cluster.md, measured facts in the project's node-tier notes):
 - An interface `ftjob0` of our own holds NODE_IP, an address this machine did not have before. The API server
@@ -74,6 +75,10 @@ SYSCTLS = (
 )
 # Host paths that the kubelet/CNI create at fixed places; removed on teardown only if they did not exist.
 FIXED_PATHS = ("/var/lib/kubelet", "/var/lib/cni", "/var/run/netns", "/etc/cni")
+# kube-network-policies' nftables table (its default name, family inet): it removes it only on SIGINT, so
+# teardown_host() deletes it and leftovers() reports it. Its NFQUEUE number is its default too.
+NETPOL_TABLE = ("inet", "kube-network-policies")
+NETPOL_QUEUE = 100
 
 
 class NodeUnavailable(RuntimeError):
@@ -99,6 +104,40 @@ def unavailable_reason() -> str | None:
         return f"a node already runs on this machine (interface {DUMMY_IF} exists; make cluster-down stops it)"
     if shutil.which("go") is None and not all((bins.bin_dir() / n).exists() for n in ("kubelet", "coredns")):
         return "the Go toolchain is needed to build kubelet, kube-proxy and CoreDNS"
+    return None
+
+
+# The dataplane kube-network-policies installs, in miniature: a postrouting base chain whose rule hands packets
+# to NFQUEUE through nftables' native `queue` expression (not iptables' xt NFQUEUE target through nft_compat).
+_NFT_QUEUE_PROBE = (
+    "nft add table inet ftjob-probe && "
+    "nft add chain inet ftjob-probe c '{ type filter hook postrouting priority 95; }' && "
+    f"nft add rule inet ftjob-probe c queue num {NETPOL_QUEUE}"
+)
+
+
+def network_policy_unavailable_reason() -> str | None:
+    """Why the node cannot enforce NetworkPolicy here (kube-network-policies cannot run), or None.
+
+    The kernel check runs the agent's kind of rule in a throwaway network namespace: nothing on the host
+    changes, and a kernel built without CONFIG_NFT_QUEUE is told apart from one that has it."""
+    if os.geteuid() != 0:
+        return "the NetworkPolicy agent needs root (nftables, NFQUEUE, a mount namespace)"
+    for tool in ("nft", "unshare", "mount"):
+        if shutil.which(tool) is None:
+            return f"{tool} is missing (hack/apt-install.sh --tier test-e2e installs it)"
+    if not Path("/proc/net/netfilter/nfnetlink_queue").exists():
+        return "the kernel has no nfnetlink_queue (CONFIG_NETFILTER_NETLINK_QUEUE), which kube-network-policies needs"
+    probe = _run("unshare", "--net", "sh", "-c", _NFT_QUEUE_PROBE, check=False)
+    if probe.returncode != 0:
+        said = (probe.stderr.decode(errors="replace").strip().splitlines() or ["nothing"])[0][:200]
+        return (
+            "the kernel has no nftables `queue` expression (CONFIG_NFT_QUEUE is not set), which is how "
+            f"kube-network-policies {bins.NETPOL_VERSION} hands new connections to its policy engine; "
+            f"`nft add rule ... queue num {NETPOL_QUEUE}` in a throwaway network namespace said: {said}"
+        )
+    if shutil.which("go") is None and not (bins.bin_dir() / "kube-network-policies").exists():
+        return "the Go toolchain is needed to build kube-network-policies"
     return None
 
 
@@ -187,6 +226,8 @@ def teardown_host(state_file: Path, node_dir: Path) -> None:
     for cidr in (SERVICE_CIDR, POD_RANGE, NODE_IP_RANGE):
         _run("ip", "route", "del", "blackhole", cidr, check=False)
     _remove_chains()
+    if shutil.which("nft") is not None:
+        _run("nft", "delete", "table", *NETPOL_TABLE, check=False)
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
         top = hierarchy / "kubepods"
         if top.is_dir():
@@ -515,8 +556,90 @@ class CoreDNS(Component):
         return _http_ok(f"http://127.0.0.1:{self.ready_port}/ready")
 
 
+# What kube-network-policies v0.8.0 reads and writes (pods, namespaces and policies through informers; Events
+# through its recorder); nodes and the AdminNetworkPolicy API only with its ANP flags, which stay off here.
+NETPOL_SA = ("kube-system", "kube-network-policies")
+_NETPOL_RULES = [
+    {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+]
+
+
+def _netpol_rbac() -> dict[str, object]:
+    ns, name = NETPOL_SA
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+             "rules": _NETPOL_RULES},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
+        ],
+    }  # fmt: skip
+
+
+class NetworkPolicyAgent(Component):
+    """kube-network-policies on the host, in the host's network namespace, for this one node.
+
+    v0.8.0 has no kubeconfig flag: it only uses in-cluster config, which reads its ServiceAccount token from
+    the fixed path /var/run/secrets/kubernetes.io/serviceaccount. So it runs in a private mount namespace
+    (`unshare --mount`) where a tmpfs covers /run (the host's /var/run) and that path is bound to a directory of
+    the cluster holding a TokenRequest token of its own ServiceAccount (RBAC above) and the cluster CA; the
+    host's /run is not touched. It needs nothing else from /run: nftables and NFQUEUE are netlink, and its NRI
+    client (containerd 1.6 has no NRI) finds no socket and logs that it uses the API server's pod IPs only."""
+
+    name = "kube-network-policies"
+    binary = "/usr/bin/unshare"
+    token_hours = 168  # a cluster-up left running for a week keeps working; e2e sessions take minutes
+
+    def prepare(self, ctx: Context) -> None:
+        self.metrics_port = free_port()
+        sa_dir = ctx.directory / "node" / "netpol-serviceaccount"
+        sa_dir.mkdir(parents=True, exist_ok=True)
+        setup = ctx.write_kubeconfig("netpol-setup", "ftjob-netpol-setup", ("system:masters",))
+        kubectl = [str(bins.ensure_binary("kubectl")), f"--kubeconfig={setup}"]
+        subprocess.run([*kubectl, "apply", "-f", "-"], input=json.dumps(_netpol_rbac()).encode(),
+                       check=True, capture_output=True)  # fmt: skip
+        ns, name = NETPOL_SA
+        token = subprocess.run([*kubectl, "-n", ns, "create", "token", name, f"--duration={self.token_hours}h"],
+                               check=True, capture_output=True).stdout.decode().strip()  # fmt: skip
+        (sa_dir / "token").write_text(token + "\n")
+        (sa_dir / "token").chmod(0o600)
+        shutil.copyfile(ctx.ca.pair.cert, sa_dir / "ca.crt")
+        (sa_dir / "namespace").write_text(ns)
+        api_port = ctx.endpoints["kube-apiserver"].rsplit(":", 1)[1]
+        secrets = "/run/secrets/kubernetes.io/serviceaccount"
+        self.setup_script = (
+            f"mount -t tmpfs -o mode=0755 ftjob-netpol /run && mkdir -p {secrets} && "
+            f"mount --bind {shlex.quote(str(sa_dir))} {secrets} && "
+            f"export KUBERNETES_SERVICE_HOST={ctx.api_address} KUBERNETES_SERVICE_PORT={api_port} && "
+            'exec "$0" "$@"'
+        )
+
+    def args(self, ctx: Context) -> list[str]:
+        # unshare execs sh, which execs the agent: one pid, whose command line names the agent (stop_detached).
+        return [
+            "--mount", "--propagation", "private", "sh", "-c", self.setup_script,
+            str(bins.ensure_binary("kube-network-policies")),
+            f"--hostname-override={NODE_NAME}",  # only pods bound to this node are policed
+            f"--nfqueue-id={NETPOL_QUEUE}",
+            f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
+            "--v=2",  # one line per verdict: the log says which connection a policy dropped
+        ]  # fmt: skip
+
+    def healthy(self, ctx: Context) -> bool:
+        # Its table appears once its informers synced and it wrote its rules; before that nothing is enforced.
+        table = _run("nft", "list", "table", *NETPOL_TABLE, check=False).returncode == 0
+        return table and _http_ok(f"http://127.0.0.1:{self.metrics_port}/metrics")
+
+
 def node_components(containerd_root: Path) -> list[Component]:
-    """The control plane on NODE_IP, then the node, in start order."""
+    """The control plane on NODE_IP, then the node, in start order; the NetworkPolicy agent only where
+    `network_policy_unavailable_reason()` is None (the node runs without enforcement otherwise)."""
     apiserver = KubeApiserver(
         extra_args=[
             # The `kubernetes` Service's endpoint is NODE_IP (lease reconciler), which pods can route to.
@@ -524,9 +647,10 @@ def node_components(containerd_root: Path) -> list[Component]:
             "--kubelet-preferred-address-types=InternalIP",
         ]
     )
+    agent: list[Component] = [] if network_policy_unavailable_reason() else [NetworkPolicyAgent()]
     return [
         Etcd(), apiserver, KubeControllerManager(), KubeScheduler(),
-        Containerd(containerd_root), Kubelet(), KubeProxy(), CoreDNS(),
+        Containerd(containerd_root), Kubelet(), KubeProxy(), CoreDNS(), *agent,
     ]  # fmt: skip
 
 
@@ -635,4 +759,6 @@ def leftovers(node_dir: Path) -> list[str]:
               if m.startswith(roots)]  # fmt: skip
     found += [f"cgroup {h}/kubepods" for h in Path("/sys/fs/cgroup").iterdir() if (h / "kubepods").is_dir()]
     found += [f"path {p}" for p in (str(RUN_DIR),) if Path(p).exists()]
+    if shutil.which("nft") is not None and _run("nft", "list", "table", *NETPOL_TABLE, check=False).returncode == 0:
+        found.append(f"nftables table {' '.join(NETPOL_TABLE)}")
     return found
