@@ -73,6 +73,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
             node.stop(None, directory)
             raise
         print(f"node {node.NODE_NAME} Ready ({', '.join(f'{k} {v:.1f}' for k, v in times.items())})")
+        if netpol := node.network_policy_unavailable_reason():
+            print(f"NetworkPolicy is not enforced on this node: {netpol}")
+        else:
+            print(f"NetworkPolicy enforced by kube-network-policies {bins.NETPOL_VERSION}")
     kubectl = bins.ensure_binary("kubectl")
     print(f"control plane {bins.K8S_VERSION} up in {cluster.startup_seconds:.1f} s at {cluster.server}")
     print(f"logs: {directory / 'logs'}")
