@@ -149,8 +149,8 @@ def _set_network_policy(cluster: Any, release_ns: str, enabled: bool) -> None:
     helm = bins.ensure_binary("helm")
     subprocess.run(
         [str(helm), "upgrade", "ftjob", str(REPO / "charts" / "finetune-operator"), "-n", release_ns,
-         f"--kubeconfig={cluster.kubeconfig}", "--reuse-values", "--set", f"networkPolicy.enabled={str(enabled).lower()}",
-         "--wait", "--timeout=180s"],
+         f"--kubeconfig={cluster.kubeconfig}", "--reuse-values",
+         "--set", f"networkPolicy.enabled={str(enabled).lower()}", "--wait", "--timeout=180s"],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
 
@@ -199,7 +199,7 @@ def test_outsider_cannot_reach_rank0_rendezvous_port_while_the_ranks_can(request
 
     # Control: the session's release makes no policies, so the outsider reaches rank 0's port.
     probe, job, ranks = _run_gated_job(kubectl, ns, host, cluster, "np-open", outsider)
-    assert probe == "connected", f"without a policy the outsider must connect: {probe}\n{_diagnose(kubectl, ns, cluster)}"
+    assert probe == "connected", f"no policy, so the outsider must connect: {probe}\n{_diagnose(kubectl, ns, cluster)}"
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert kubectl("-n", ns, "get", "networkpolicy", "-o", "name").stdout.strip() == ""
 
