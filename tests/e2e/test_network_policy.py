@@ -138,7 +138,7 @@ def _diagnose(kubectl: Kubectl, ns: str, cluster: Any) -> str:
     logs = []
     for pod in kubectl("-n", ns, "get", "pods", "-o", "name", check=False).stdout.split():
         logs.append(f"--- {pod}\n{kubectl('-n', ns, 'logs', pod, '--all-containers', '--tail=30', check=False).stdout}")
-    agent_log = cluster.cluster.directory / "logs" / f"{node.NetworkPolicyAgent.name}.log"  # type: ignore[operator]
+    agent_log = cluster.cluster.directory / "logs" / f"{node.NetworkPolicyAgent.name}.log"
     agent = agent_log.read_text(errors="replace")[-4000:] if agent_log.exists() else "(no agent log)"
     return f"{pods}\n" + "\n".join(logs) + f"\n--- agent\n{agent}\n--- nft set\n{_policed_ips()}"
 
@@ -155,8 +155,8 @@ def _set_network_policy(cluster: Any, release_ns: str, enabled: bool) -> None:
     )  # fmt: skip
 
 
-def _run_gated_job(kubectl: Kubectl, ns: str, host: Path, cluster: Any, name: str,
-                   outsider: str) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+def _run_gated_job(kubectl: Kubectl, ns: str, host: Path, cluster: Any, name: str, outsider: str,
+                   policed: bool) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
     """Apply the gated job as `name`; once both ranks joined one world, probe rank 0's rendezvous port from the
     outsider, then release the ranks. Returns (probe result, finished job, rank results)."""
     job = yaml.safe_load(JOB_YAML.read_text())
@@ -169,10 +169,12 @@ def _run_gated_job(kubectl: Kubectl, ns: str, host: Path, cluster: Any, name: st
     except TimeoutError:
         pytest.fail(f"{name}: ranks did not rendezvous:\n{_diagnose(kubectl, ns, cluster)}")
     rank0_ip = _pod_ip(kubectl, ns, f"{name}-rank-0")
-    policy = kubectl("-n", ns, "get", "networkpolicy", name, check=False).returncode == 0
-    if policy:  # judge the probe only once the agent polices rank 0 (policies are eventually consistent)
+    if policed:  # probe only once the agent polices rank 0 (policies are eventually consistent)
+        wait_for(lambda: kubectl("-n", ns, "get", "networkpolicy", name, check=False).returncode == 0,
+                 timeout=60, message=f"the operator made NetworkPolicy {name}")  # fmt: skip
         wait_for(lambda: rank0_ip in _policed_ips(), timeout=60, message=f"the agent polices {rank0_ip}")
     else:
+        assert kubectl("-n", ns, "get", "networkpolicy", "-o", "name").stdout.strip() == ""
         assert rank0_ip not in _policed_ips(), _diagnose(kubectl, ns, cluster)
     probe = _probe(kubectl, ns, outsider, rank0_ip)
     (out / "go").write_text("")
@@ -182,7 +184,8 @@ def _run_gated_job(kubectl: Kubectl, ns: str, host: Path, cluster: Any, name: st
     except TimeoutError:
         pytest.fail(f"{name} did not finish:\n{_diagnose(kubectl, ns, cluster)}")
     ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
-    return probe, dict(done), ranks
+    assert isinstance(done, dict)
+    return probe, done, ranks
 
 
 def test_outsider_cannot_reach_rank0_rendezvous_port_while_the_ranks_can(request: pytest.FixtureRequest) -> None:
@@ -198,14 +201,13 @@ def test_outsider_cannot_reach_rank0_rendezvous_port_while_the_ranks_can(request
     outsider = _outsider(kubectl, ns, request.getfixturevalue("runtime_image"))
 
     # Control: the session's release makes no policies, so the outsider reaches rank 0's port.
-    probe, job, ranks = _run_gated_job(kubectl, ns, host, cluster, "np-open", outsider)
+    probe, job, ranks = _run_gated_job(kubectl, ns, host, cluster, "np-open", outsider, policed=False)
     assert probe == "connected", f"no policy, so the outsider must connect: {probe}\n{_diagnose(kubectl, ns, cluster)}"
     assert job["status"]["phase"] == "Succeeded", job["status"]
-    assert kubectl("-n", ns, "get", "networkpolicy", "-o", "name").stdout.strip() == ""
 
     _set_network_policy(cluster, release_ns, True)
     try:
-        probe, job, ranks = _run_gated_job(kubectl, ns, host, cluster, "np-closed", outsider)
+        probe, job, ranks = _run_gated_job(kubectl, ns, host, cluster, "np-closed", outsider, policed=True)
         policy = json.loads(kubectl("-n", ns, "get", "networkpolicy", "np-closed", "-o", "json").stdout)
         assert policy["spec"]["podSelector"]["matchLabels"]["finetune.dev/job-name"] == "np-closed"
         assert probe == "timeout", f"the policy must drop the outsider: {probe}\n{_diagnose(kubectl, ns, cluster)}"
