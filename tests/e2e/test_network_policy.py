@@ -4,7 +4,7 @@ the job's namespace without the job's labels cannot open a connection to rank 0'
 can and the job Succeeds. The control: the same outsider reaches the same port of a job the operator gave no
 policy, so the test proves enforcement, not a broken network.
 
-Where the node cannot enforce policies (`node.network_policy_unavailable_reason()`, e.g. a kernel without the
+Where the node cannot enforce policies (`netpolicy.network_policy_unavailable_reason()`, e.g. a kernel without the
 nftables `queue` expression) the test skips saying why, before any node starts.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ftjob_cluster import bins, node
+from ftjob_cluster import bins, netpolicy, node
 from ftjob_cluster.localcluster import wait_for
 from ftjob_cluster.testing import Kubectl
 
@@ -74,7 +74,7 @@ except OSError as e:
 
 
 def _skip_unless_enforcing() -> None:
-    reason = node.network_policy_unavailable_reason()
+    reason = netpolicy.network_policy_unavailable_reason()
     if reason:
         pytest.skip(f"no NetworkPolicy enforcement on this machine: {reason}")
 
@@ -86,7 +86,7 @@ def test_enforcement_probe_agrees_with_the_kernel_config() -> None:
         pytest.skip("needs root, nft and /proc/config.gz")
     text = gzip.decompress(config.read_bytes()).decode()
     built_in = re.search(r"^CONFIG_NFT_QUEUE=y$", text, re.M) is not None
-    reason = node.network_policy_unavailable_reason() or ""
+    reason = netpolicy.network_policy_unavailable_reason() or ""
     assert ("CONFIG_NFT_QUEUE" in reason) != built_in, reason
 
 
@@ -124,7 +124,7 @@ def _pod_ip(kubectl: Kubectl, ns: str, pod: str) -> str:
 
 def _policed_ips() -> str:
     """The agent's set of local pod IPs that some policy selects (only their new connections are judged)."""
-    out = subprocess.run(["nft", "list", "set", *node.NETPOL_TABLE, "podips-v4"], capture_output=True, text=True)
+    out = subprocess.run(["nft", "list", "set", *netpolicy.NETPOL_TABLE, "podips-v4"], capture_output=True, text=True)
     return out.stdout
 
 

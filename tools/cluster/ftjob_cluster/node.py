@@ -45,6 +45,7 @@ from ftjob_cluster.localcluster import (
     _terminate_group,
     free_port,
 )
+from ftjob_cluster.netpolicy import NETPOL_QUEUE, NETPOL_TABLE, network_policy_unavailable_reason
 
 NODE_NAME = "ftjob-node"
 # Documentation-free private addresses that we add ourselves; nothing else on the machine uses them.
@@ -75,10 +76,6 @@ SYSCTLS = (
 )
 # Host paths that the kubelet/CNI create at fixed places; removed on teardown only if they did not exist.
 FIXED_PATHS = ("/var/lib/kubelet", "/var/lib/cni", "/var/run/netns", "/etc/cni")
-# kube-network-policies' nftables table (its default name, family inet): it removes it only on SIGINT, so
-# teardown_host() deletes it and leftovers() reports it. Its NFQUEUE number is its default too.
-NETPOL_TABLE = ("inet", "kube-network-policies")
-NETPOL_QUEUE = 100
 
 
 class NodeUnavailable(RuntimeError):
@@ -104,40 +101,6 @@ def unavailable_reason() -> str | None:
         return f"a node already runs on this machine (interface {DUMMY_IF} exists; make cluster-down stops it)"
     if shutil.which("go") is None and not all((bins.bin_dir() / n).exists() for n in ("kubelet", "coredns")):
         return "the Go toolchain is needed to build kubelet, kube-proxy and CoreDNS"
-    return None
-
-
-# The dataplane kube-network-policies installs, in miniature: a postrouting base chain whose rule hands packets
-# to NFQUEUE through nftables' native `queue` expression (not iptables' xt NFQUEUE target through nft_compat).
-_NFT_QUEUE_PROBE = (
-    "nft add table inet ftjob-probe && "
-    "nft add chain inet ftjob-probe c '{ type filter hook postrouting priority 95; }' && "
-    f"nft add rule inet ftjob-probe c queue num {NETPOL_QUEUE}"
-)
-
-
-def network_policy_unavailable_reason() -> str | None:
-    """Why the node cannot enforce NetworkPolicy here (kube-network-policies cannot run), or None.
-
-    The kernel check runs the agent's kind of rule in a throwaway network namespace: nothing on the host
-    changes, and a kernel built without CONFIG_NFT_QUEUE is told apart from one that has it."""
-    if os.geteuid() != 0:
-        return "the NetworkPolicy agent needs root (nftables, NFQUEUE, a mount namespace)"
-    for tool in ("nft", "unshare", "mount"):
-        if shutil.which(tool) is None:
-            return f"{tool} is missing (hack/apt-install.sh --tier test-e2e installs it)"
-    if not Path("/proc/net/netfilter/nfnetlink_queue").exists():
-        return "the kernel has no nfnetlink_queue (CONFIG_NETFILTER_NETLINK_QUEUE), which kube-network-policies needs"
-    probe = _run("unshare", "--net", "sh", "-c", _NFT_QUEUE_PROBE, check=False)
-    if probe.returncode != 0:
-        said = (probe.stderr.decode(errors="replace").strip().splitlines() or ["nothing"])[0][:200]
-        return (
-            "the kernel has no nftables `queue` expression (CONFIG_NFT_QUEUE is not set), which is how "
-            f"kube-network-policies {bins.NETPOL_VERSION} hands new connections to its policy engine; "
-            f"`nft add rule ... queue num {NETPOL_QUEUE}` in a throwaway network namespace said: {said}"
-        )
-    if shutil.which("go") is None and not (bins.bin_dir() / "kube-network-policies").exists():
-        return "the Go toolchain is needed to build kube-network-policies"
     return None
 
 
