@@ -150,7 +150,7 @@ def _set_network_policy(cluster: Any, release_ns: str, enabled: bool) -> None:
     subprocess.run(
         [str(helm), "upgrade", "ftjob", str(REPO / "charts" / "finetune-operator"), "-n", release_ns,
          f"--kubeconfig={cluster.kubeconfig}", "--reuse-values",
-         "--set", f"networkPolicy.enabled={str(enabled).lower()}", "--wait", "--timeout=180s"],
+         "--set", f"networkPolicy.enabled={str(enabled).lower()}", "--wait", "--timeout=600s"],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
 
