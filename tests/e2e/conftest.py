@@ -85,6 +85,12 @@ def node_cluster() -> Iterator[NodeCluster]:
 
 
 @pytest.fixture(scope="session")
+def runtime_image() -> str:
+    """The cpu runtime image the node holds (FTJOB_E2E_IMAGE): any pod a test adds can run from it."""
+    return RUNTIME_IMAGE
+
+
+@pytest.fixture(scope="session")
 def kubectl(node_cluster: NodeCluster) -> Kubectl:
     return make_kubectl(bins.ensure_binary("kubectl"), node_cluster.kubeconfig)
 
