@@ -6,7 +6,7 @@ BENCH_QUICK := $(if $(QUICK),--quick,)
 
 .PHONY: bench bench-quick bench-render bench-operator bench-runtime bench-data bench-compile-cache bench-gpu
 
-bench: bench-render bench-data bench-runtime bench-compile-cache bench-operator ## Every benchmark; results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
+bench: bench-render bench-data bench-runtime $(if $(QUICK),,bench-compile-cache) bench-operator ## Every benchmark; results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
 
 bench-quick: ## The whole benchmark set in its short form (make bench QUICK=1)
 	$(MAKE) bench QUICK=1
