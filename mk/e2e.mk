@@ -2,7 +2,7 @@
 # the operator installed by Helm as a pod, FineTuneJobs applied with kubectl (tests/e2e, docs/cluster.md).
 .PHONY: node-bins test-e2e
 
-node-bins: ## Build kubelet, kube-proxy (k8s module) and CoreDNS (its module) into the binary cache (first run only)
+node-bins: ## Build kubelet, kube-proxy (k8s module), CoreDNS and, where the kernel can run it, kube-network-policies (their modules) into the binary cache
 	PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster build --node
 
 # Where the machine cannot run a node (not root, no cgroups) the tier says why and passes without building.

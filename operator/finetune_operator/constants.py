@@ -30,6 +30,9 @@ LABEL_ATTEMPT: Final = f"{GROUP}/attempt"  # restartCount the pod was created fo
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"
 KUEUE_WORKLOADS: Final = "workloads"
+# Cluster-scoped; read (get) for an admitted job's assigned flavors, whose nodeLabels and tolerations go onto
+# its pods (builders/flavors.py).
+KUEUE_RESOURCE_FLAVORS: Final = "resourceflavors"
 LABEL_KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
 
 # Roles of child pods (LABEL_ROLE values).

@@ -28,7 +28,7 @@ from .api.validation import InvalidSpec
 from .builders.layout import launcher_of
 from .builders.names import Names
 from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, clear_job, set_job_progress
-from .reconcile import Observed, Plan, iso, reconcile, set_condition
+from .reconcile import Observed, Plan, admitted_flavors, iso, reconcile, set_condition
 from .refusal import Refused, failed_status
 from .sshkeys import generate_keys
 
@@ -64,6 +64,7 @@ class Api(Protocol):
     def delete_job(self, ns: str, name: str) -> None: ...
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None: ...
     def get_workload(self, ns: str, name: str) -> dict[str, Any] | None: ...
+    def get_resource_flavor(self, name: str) -> dict[str, Any] | None: ...
     def patch_workload_status(self, ns: str, name: str, patch: dict[str, Any]) -> None: ...
 
 
@@ -254,7 +255,11 @@ class JobLoop:
         seen = {**objects, **self.made}
         # Queued jobs: the Workload, read fresh (no watch: Kueue's CRDs may not exist where no job is queued).
         wl = self.api.get_workload(ns, name) if (job["spec"].get("runPolicy") or {}).get("queueName") else None
-        observed = Observed(pods, seen, now, prog, functools.partial(generate_keys, name), workload=wl)
+        # An admitted Workload's flavors, read each pass (a GET each): their nodeLabels and tolerations go onto
+        # the pods; one that cannot be read (None) is left out and reconcile waits for it.
+        flavors = {f: obj for f in admitted_flavors(wl) if (obj := self.api.get_resource_flavor(f)) is not None}
+        observed = Observed(pods, seen, now, prog, functools.partial(generate_keys, name), workload=wl,
+                            flavors=flavors)  # fmt: skip
         plan = reconcile(job, observed, self.config)
         try:
             apply(self.api, job, old_status, plan)

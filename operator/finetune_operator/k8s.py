@@ -9,6 +9,7 @@
 | patch status    | job deleted meanwhile: ignored   | -                                                          |
 | read pod log    | pod gone / not started: None     | -                                                          |
 | get Workload    | none yet: None                   | -                                                          |
+| get ResourceFlavor | absent: None (the job waits)  | -                                                          |
 | patch Workload status | gone: ignored              | Kueue wrote it meanwhile: ignored, the next pass re-reads |
 | post event      | errors are logged, never raised  | a repeat: count + 1 on the existing Event (aggregation)    |
 
@@ -27,7 +28,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .constants import GROUP, KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOADS, PLURAL, VERSION
+from .constants import GROUP, KUEUE_GROUP, KUEUE_RESOURCE_FLAVORS, KUEUE_VERSION, KUEUE_WORKLOADS, PLURAL, VERSION
 from .refusal import REFUSED_STATUSES, Refused
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,15 @@ class Kube:
     def get_workload(self, ns: str, name: str) -> dict[str, Any] | None:
         try:
             return self._read("Workload", ns, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: Any = self.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, KUEUE_RESOURCE_FLAVORS, name)
+            return dict(obj)
         except ApiException as e:
             if e.status == 404:
                 return None

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from . import cachereport, policy
 from . import constants as c
-from . import policy
-from .builders import Layout, Names, SshKeys, desired, owner_reference, resolve
+from .builders import Layout, Names, Placement, SshKeys, desired, owner_reference, resolve
+from .builders.flavors import assigned_flavors, conflicts, placements
+from .builders.pods import scheduling
 from .builders.workload import workload as build_workload
 
 TERMINAL = ("Succeeded", "Failed")
@@ -63,6 +65,9 @@ class Observed:
     ssh_keys: Callable[[], SshKeys] | None = None
     # The job's Kueue Workload when spec.runPolicy.queueName is set and it exists (read fresh every pass).
     workload: dict[str, Any] | None = None
+    # While that Workload is admitted: the ResourceFlavors its admission names (`admitted_flavors()`), by name,
+    # those that could be read. Their nodeLabels and tolerations go onto the pods (builders.flavors).
+    flavors: Mapping[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def iso(t: datetime) -> str:
@@ -265,6 +270,10 @@ class Pass:
     live: list[dict[str, Any]]  # own pods not being deleted
     current: list[dict[str, Any]]  # live pods of this attempt
     stale: list[dict[str, Any]]  # live pods of earlier attempts
+    # Set by the queued phase for an admitted job: pod role -> what its Kueue flavors add to the pods, or why
+    # they cannot be added (a flavor label against the job's node selector; converge fails the job on it).
+    placements: dict[str, Placement] | None = None
+    flavor_conflict: str | None = None
 
     @property
     def run_policy(self) -> dict[str, Any]:
@@ -395,6 +404,64 @@ def _queue_message(wl: dict[str, Any] | None, queue: str) -> str:
     return f"Workload {name} in LocalQueue {queue}: waiting for Kueue to consider it"
 
 
+def admitted_flavors(wl: dict[str, Any] | None) -> list[str]:
+    """The ResourceFlavors to read for a pass (Observed.flavors): those of the Workload's admission while it is
+    admitted and not evicted; none otherwise, so a queued job costs no more reads than its Workload's."""
+    if wl is None or not _wl_condition(wl, "Admitted") or _wl_condition(wl, "Evicted"):
+        return []
+    return assigned_flavors((wl.get("status") or {}).get("admission"))
+
+
+def _selector_source(job: dict[str, Any], layout: Layout, key: str) -> str:
+    """Which field of the job puts `key` into its pods' node selector (pods.scheduling), for messages."""
+    if key in (job["spec"]["hardware"].get("nodeSelector") or {}):
+        return "spec.hardware.nodeSelector"
+    if layout.instance is not None and key == "node.kubernetes.io/instance-type":
+        return "spec.hardware.instanceType"
+    return f"profile {layout.profile.name}'s nodeSelector (spec.hardware.profile)"
+
+
+def admitted(p: Pass, wl: dict[str, Any], queue: str) -> Plan | None:
+    """An admitted job proceeds with its flavors' placements (p.placements), read by converge. A flavor that
+    cannot be read holds pod creation. A flavor label that contradicts the job's own node selector
+    (p.flavor_conflict) fails the job once it has pods to create, as Kueue's own integrations finish such a
+    Workload (FailedToStart): the pods could not run where the quota was reserved, and overriding the job's
+    selector would run them on nodes it did not ask for. Pods already running are left alone (a flavor's
+    nodeLabels edited after they started)."""
+    st, now = p.status, p.now
+    admission = (wl.get("status") or {}).get("admission") or {}
+    missing = [f for f in assigned_flavors(admission) if f not in p.observed.flavors]
+    if missing:
+        msg = (f"Kueue admitted Workload {wl['metadata']['name']} with ResourceFlavor(s) {', '.join(missing)}, "
+               "which could not be read; waiting for them (pods are created once their nodeLabels and "
+               "tolerations are known)")
+        # Nothing is created or deleted meanwhile; a job already past its queue keeps its phase.
+        phase = p.old_phase if p.old_phase and p.old_phase != "Queued" else "Pending"
+        p.transition(phase, "FlavorNotFound", msg)
+        p.plan.requeue_after = QUEUED_POLL_S
+        return p.plan
+    p.placements = placements(admission, p.observed.flavors)
+    roles = (c.ROLE_WORKER, c.ROLE_LAUNCHER) if p.layout.launcher == "mpi" else (c.ROLE_RANK,)
+    bad = []
+    for role in roles:
+        placement = p.placements.get(role)
+        if placement is None:
+            continue
+        selector = scheduling(p.job, p.layout, role).get("nodeSelector") or {}
+        for key, have, want in conflicts(selector, placement):
+            bad.append(f"pod set {role}: {_selector_source(p.job, p.layout, key)} sets {key}={have} but Kueue "
+                       f"assigned ResourceFlavor(s) {', '.join(placement.flavors)} with nodeLabels {key}={want}")
+    if bad:
+        p.placements = None
+        p.flavor_conflict = (
+            "; ".join(bad) + ". Fix: make the job's node selector agree with the flavor (or drop the key), or queue "
+            f"it in a LocalQueue whose ClusterQueue has a matching flavor; Workload {wl['metadata']['name']} "
+            f"(LocalQueue {queue}) is marked Finished to release its quota")  # fmt: skip
+    if p.old_phase == "Queued":
+        set_condition(st, "Queued", False, "Admitted", f"admitted by Kueue (LocalQueue {queue})", now)
+    return None
+
+
 def queued(p: Pass) -> Plan | None:
     """spec.runPolicy.queueName: the job's pods exist only while Kueue admits its Workload. The Workload is
     created first; until it is admitted (or after Kueue evicts it) the job is Queued with Kueue's reason and
@@ -417,9 +484,7 @@ def queued(p: Pass) -> Plan | None:
         return p.plan
     evicted = _wl_condition(wl, "Evicted") if wl else None
     if wl is not None and _wl_condition(wl, "Admitted") and not evicted:
-        if p.old_phase == "Queued":
-            set_condition(st, "Queued", False, "Admitted", f"admitted by Kueue (LocalQueue {queue})", now)
-        return None
+        return admitted(p, wl, queue)
     if wl is None:
         pods = desired(p.job, images=p.config.get("images"), attempt=p.attempt).pods
         p.plan.create.append(build_workload(p.job, p.layout, p.names, pods))
@@ -517,7 +582,8 @@ def converge(p: Pass) -> Plan:
     """Stale pods go; missing children are created (pods only once their names are free); the phase follows
     the pods: Precompiling, Running, or Pending/Restarting with the reason pods are not starting. A name held by
     a foreign object is never created over, and no pod is created while any is: it would mount what the
-    foreign object holds (its config, its SSH keys) or sit behind its Service."""
+    foreign object holds (its config, its SSH keys) or sit behind its Service. Pods to create against a Kueue
+    flavor that contradicts the job's node selector (p.flavor_conflict) fail the job instead."""
     st, now, attempt, observed = p.status, p.now, p.attempt, p.observed
     ssh_secret = f"Secret/{p.names.ssh_secret}"
     foreign = {f.ref for f in p.foreign}
@@ -526,7 +592,7 @@ def converge(p: Pass) -> Plan:
         raise ValueError("MPI jobs need Observed.ssh_keys to create their Secret")
     children = desired(p.job, images=p.config.get("images"), attempt=attempt,
                        ssh_keys=observed.ssh_keys() if make_keys and observed.ssh_keys else None,
-                       network_policy_config=p.config.get("networkPolicy"))  # fmt: skip
+                       network_policy_config=p.config.get("networkPolicy"), placements=p.placements)  # fmt: skip
     p.delete(p.stale)
     taken = {pod["metadata"]["name"] for pod in p.pods}
     needed = [f"{obj['kind']}/{obj['metadata']['name']}" for obj in children.all()]
@@ -538,10 +604,11 @@ def converge(p: Pass) -> Plan:
         if ref not in p.objects and ref not in foreign:
             p.plan.create.append(obj)
     current_names = {pod["metadata"]["name"] for pod in p.current}
-    for pod in children.pods if not blocked else []:
-        name = pod["metadata"]["name"]
-        if name not in current_names and name not in taken:
-            p.plan.create.append(pod)
+    missing = [pod for pod in children.pods if pod["metadata"]["name"] not in current_names | taken]
+    if missing and not blocked and p.flavor_conflict:
+        p.plan.create = []
+        return p.finish("Failed", "FlavorConflict", p.flavor_conflict)
+    p.plan.create += missing if not blocked else []
     creates_pods = any(o["kind"] == "Pod" for o in p.plan.create)
     if creates_pods and "startTime" not in st:
         st["startTime"] = iso(now)
@@ -596,11 +663,26 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
     pods, objects, foreign = owned(owner_reference(job)["uid"], observed)  # the uid its children carry
     report_foreign(st, foreign, observed.now)
     live = [pod for pod in pods if not _deleting(pod)]
+    _record_compile_cache(plan, Names.of(job, layout.launcher), layout, attempt, live)
     return Pass(job=job, observed=observed, config=config or {}, layout=layout, names=Names.of(job, layout.launcher),
                 plan=plan, old_phase=old.get("phase"), attempt=attempt, pods=pods, objects=objects,
                 foreign=foreign, live=live,
                 current=[pod for pod in live if _attempt(pod) == attempt],
                 stale=[pod for pod in live if _attempt(pod) != attempt])  # fmt: skip
+
+
+def _record_compile_cache(plan: Plan, names: Names, layout: Layout, attempt: int,
+                          live: list[dict[str, Any]]) -> None:
+    """status.compileCache from the precompile trial of this attempt (cachereport.py), once it has finished."""
+    source = names.launcher if layout.launcher == "mpi" else names.rank_pod(0)
+    pod = next((x for x in live if x["metadata"]["name"] == source and _attempt(x) == attempt), None)
+    report = cachereport.trial_report(pod) if pod else None
+    if report is None:
+        return
+    report["attempt"] = attempt
+    if plan.status.get("compileCache") != report:
+        plan.status["compileCache"] = report
+        plan.events.append(("Normal", "CompileCache", cachereport.describe(report)))
 
 
 def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | None = None) -> Plan:

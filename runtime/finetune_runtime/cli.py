@@ -19,6 +19,13 @@ def _exec(argv: list[str], extra_env: dict[str, str] | None = None) -> int:
     os.execvpe(argv[0], argv, env)
 
 
+def _run_relaying(argv: list[str], extra_env: dict[str, str]) -> int:
+    """A precompile trial: the launcher stays the parent, to relay the trial's cache report (relay.py)."""
+    from finetune_runtime.relay import run_relaying
+
+    return run_relaying(argv, extra_env)
+
+
 def cmd_worker(_: argparse.Namespace) -> int:
     from finetune_runtime.train import run_worker
 
@@ -30,7 +37,7 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 
     argv, extra = launch_plan(os.environ, ns.precompile)
     print("ftjob-runtime launch: " + " ".join(argv), flush=True)
-    return _exec(argv, extra)
+    return _run_relaying(argv, extra) if ns.precompile else _exec(argv, extra)
 
 
 def cmd_mpirun(ns: argparse.Namespace) -> int:
@@ -49,7 +56,8 @@ def cmd_mpirun(ns: argparse.Namespace) -> int:
     print("ftjob-runtime mpirun: " + " ".join(argv), flush=True)
     for k, v in sorted(extra.items()):
         print(f"ftjob-runtime mpirun: {k}={v}", flush=True)
-    return _exec(argv, extra)
+    precompile = os.environ.get("FTJOB_MODE") == "precompile"
+    return _run_relaying(argv, extra) if precompile else _exec(argv, extra)
 
 
 def cmd_sshd(_: argparse.Namespace) -> int:

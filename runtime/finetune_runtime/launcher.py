@@ -173,7 +173,10 @@ def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root
         if ssh_exec:
             flag = "-launcher" if impl == "mpich" else "-bootstrap"
             agent = [flag, "ssh", f"{flag}-exec", ssh_exec]
-        return [binary, "-f", hostfile, "-n", world, "-ppn", slots, *agent, "-genvall", *worker]
+        # The proxies connect back to mpiexec by the name -localhost gives; without it Hydra sends its short
+        # hostname, which other pods cannot resolve (a pod's DNS name is <hostname>.<subdomain>.<ns>.svc).
+        here = ["-localhost", env["FTJOB_LAUNCHER_HOST"]] if env.get("FTJOB_LAUNCHER_HOST") else []
+        return [binary, "-f", hostfile, "-n", world, "-ppn", slots, *here, *agent, "-genvall", *worker]
     root = (os.geteuid() == 0) if is_root is None else is_root
     cmd = [binary, "--hostfile", hostfile, "-np", world, "--map-by", f"ppr:{slots}:node",
            # Pinning every rank to one core starves the OpenMP threads torch starts; thread placement is left

@@ -40,6 +40,12 @@ def run_selfcheck() -> tuple[bool, dict[str, Any]]:
     report["torch"] = {"cuda": torch.cuda.is_available(), "threads": torch.get_num_threads(),
                        "bf16_cpu": bool(getattr(torch.backends, "mkldnn", None)
                                         and torch.backends.mkldnn.is_available())}  # type: ignore[no-untyped-call,unused-ignore]
+    if backend != "neuron":  # Neuron compiles with neuronx-cc, not torch.compile
+        from finetune_runtime.compilecache import toolchain_problem
+
+        problem = toolchain_problem()
+        report["compile"] = {"ok": problem is None, **({"error": problem} if problem else {})}
+        ok = ok and problem is None
     try:
         from finetune_runtime.tokenization import mecab_words
 

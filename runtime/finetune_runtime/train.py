@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_runtime import checkpoints, data, s3sync, tasks
+from finetune_runtime import checkpoints, compilecache, data, s3sync, tasks
 from finetune_runtime.backends import BackendPlan, backend_from_env, optimize_for_backend, plan_backend, prepare_process
 from finetune_runtime.config import JobConfig, load_config
 from finetune_runtime.distenv import DistInfo, apply_distributed_env
@@ -199,6 +199,11 @@ def _run_worker() -> int:
     plan = plan_backend(backend_from_env(env), cfg.training.precision)
     prepare_process(plan)
     set_cache_env(paths, plan, precompile or cfg.training.compile)
+    if (precompile or cfg.training.compile) and plan.name != "neuron":
+        problem = compilecache.toolchain_problem()
+        if problem:  # before minutes of data preparation, not at the first forward pass
+            log.error("%s", problem)
+            return 2
     emitter = ProgressEmitter(info.is_main)
     log.info("job %s/%s: %s on %s, rank %d of %d (%s), mode %s", cfg.namespace, cfg.job_name, task.type,
              plan.name, info.rank, info.world_size, info.source, "precompile" if precompile else "train")
@@ -272,6 +277,7 @@ def _run_worker() -> int:
     trainer = plugin.trainer(task, dsets, tokenizer, common)
 
     train_metrics: dict[str, Any] = {}
+    probe = compilecache.CacheProbe(compilecache.cache_root(os.environ, plan.name)) if precompile else None
     if finished:
         assert resume is not None
         log.info("training had finished at %s: resuming with the final steps (eval, model, predictions)", resume)
@@ -285,9 +291,11 @@ def _run_worker() -> int:
     if precompile:
         if info.is_main:
             shutil.rmtree(run_dir, ignore_errors=True)
+        assert probe is not None
+        # The launcher relays this record to the pod's termination message, whence status.compileCache.
         emitter.emit("precompile", step=trainer.state.global_step, totalSteps=trainer.state.max_steps,
                      complete=True, cacheDir=os.environ.get("NEURON_COMPILE_CACHE_URL") if plan.name == "neuron"
-                     else os.environ.get("TORCHINDUCTOR_CACHE_DIR"), time=utc_now())
+                     else os.environ.get("TORCHINDUCTOR_CACHE_DIR"), cache=probe.report(), time=utc_now())
         return 0
 
     # The epoch schedule usually evaluated the final step already; evaluate again only when it did not.

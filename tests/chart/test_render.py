@@ -29,6 +29,8 @@ NAMESPACED_VERBS: dict[tuple[str, str], set[str]] = {
 }
 CRD_READ: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    # Kueue: an admitted job's ResourceFlavors (cluster-scoped; k8s.Kube.get_resource_flavor).
+    ("kueue.x-k8s.io", "resourceflavors"): {"get"},
 }
 # kopf 1.45 lists and watches namespaces only when given --namespace flags (namespaced mode); in cluster
 # mode it never reads them (kopf/_core/reactor/observation.py: namespace_observer).

@@ -221,3 +221,156 @@ def test_neuron_queue_sample_admits_a_trn1_job_to_its_flavor(
         finally:
             kubectl("delete", "-n", namespace, "ftj", "--all", "--wait=false")
             kubectl("delete", "clusterqueue", "trn1", "--ignore-not-found", "--wait=false")
+
+
+# A flavor as a team's dedicated pool would be: its nodes carry the label and the taint, and the flavor
+# tolerates the taint so that Kueue assigns it (flavorassigner: nodeTaints untolerated by the pod set and the
+# flavor's own tolerations exclude a flavor).
+POOL_LABEL = {"finetune.dev/test-pool": "blue"}
+POOL_TAINT = {"key": "finetune.dev/test-dedicated", "value": "ml", "effect": "NoSchedule"}
+POOL_TOLERATION = {"key": "finetune.dev/test-dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+
+
+def apply_queue(kubectl: Any, wait_for: Any, namespace: str, name: str, flavor: dict[str, Any]) -> tuple[str, str]:
+    """ResourceFlavor `flavor`, a ClusterQueue cq-<name>-<namespace> with QUOTA in it for this namespace only, and
+    LocalQueue `name` pointing at it. Returns (ClusterQueue, ResourceFlavor) names."""
+    cq = f"cq-{name}-{namespace}"[:63]
+    objs = [
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", **flavor},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+         "metadata": {"name": name, "namespace": namespace}, "spec": {"clusterQueue": cq}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
+         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                  "resourceGroups": [{"coveredResources": sorted(QUOTA), "flavors": [{
+                      "name": flavor["metadata"]["name"],
+                      "resources": [{"name": k, "nominalQuota": v} for k, v in sorted(QUOTA.items())]}]}]}},
+    ]  # fmt: skip
+    kubectl("apply", "-f", "-", input="\n---\n".join(job_yaml(o) for o in objs))
+    active = "jsonpath={.status.conditions[?(@.type=='Active')].status}"
+    wait_for(lambda: kubectl("get", "clusterqueue", cq, "-o", active).stdout == "True", timeout=120,
+             message=f"ClusterQueue {cq} active")
+    return cq, flavor["metadata"]["name"]
+
+
+@pytest.fixture
+def pool_flavor(namespace: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"blue-{namespace}"[:63]},
+            "spec": {"nodeLabels": POOL_LABEL, "nodeTaints": [POOL_TAINT], "tolerations": [POOL_TOLERATION]}}
+
+
+def test_admitted_pods_carry_their_flavors_node_labels_and_tolerations(
+        operator: Path, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str,
+        wait_for: Any, explain: Any, pool_flavor: dict[str, Any]) -> None:  # fmt: skip
+    """Kueue assigns the job's pod set to a flavor with nodeLabels, nodeTaints and tolerations: the pods get the
+    labels in their node selector (beside the job's own) and the tolerations; the taints add nothing."""
+    cq, flavor = apply_queue(kubectl, wait_for, namespace, "pool", pool_flavor)
+    with explain():
+        try:
+            ns = namespace
+            kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("placed", "pool")))
+            wl = wait_for(lambda: admitted(kube_api, ns, "placed"), timeout=120, message="placed admitted")
+            [assignment] = wl["status"]["admission"]["podSetAssignments"]  # type: ignore[index]
+            assert set(assignment["flavors"].values()) == {flavor}
+            pods = wait_for(lambda: len(p := kubelet.live_pods("placed")) == 2 and p, timeout=120,
+                            message="placed's pods")  # fmt: skip
+            for pod in pods:  # type: ignore[union-attr]
+                assert pod.spec.node_selector == {**NO_KUBELET, **POOL_LABEL}
+                tolerations = [kube_api.sanitize_for_serialization(t) for t in pod.spec.tolerations or []]
+                assert tolerations.count(POOL_TOLERATION) == 1
+                assert not [t for t in tolerations if t.get("key") == POOL_TAINT["key"] and t != POOL_TOLERATION]
+            # The Workload still describes the job's own pod template: Kueue placed it, the pods carry it.
+            [ps] = wl["spec"]["podSets"]  # type: ignore[index]
+            assert ps["template"]["spec"]["nodeSelector"] == NO_KUBELET
+        finally:
+            kubectl("delete", "-n", namespace, "ftj", "--all", "--wait=false")
+            kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
+            kubectl("delete", "resourceflavor", flavor, "--ignore-not-found", "--wait=false")
+
+
+def test_a_flavor_edited_to_contradict_the_jobs_selector_fails_it_at_its_next_pods(
+        operator: Path, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str,
+        wait_for: Any, explain: Any, pool_flavor: dict[str, Any]) -> None:  # fmt: skip
+    """Kueue assigns a job that selects pool=blue to the flavor of that pool. The flavor's nodeLabels are then
+    edited to another pool (Kueue's webhook allows it): the running pods are left alone, but a group restart's
+    pods would go where the job did not ask, so the job fails FlavorConflict, naming both, and its Workload is
+    Finished to give the quota back (Kueue's own FailedToStart rule)."""
+    cq, flavor = apply_queue(kubectl, wait_for, namespace, "pool", pool_flavor)
+    with explain():
+        try:
+            ns = namespace
+            job = queued_job("edited", "pool")
+            job["spec"]["hardware"]["nodeSelector"] = {**NO_KUBELET, **POOL_LABEL}
+            kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(job))
+            wait_for(lambda: len(kubelet.live_pods("edited")) == 2, timeout=120, message="edited's pods")
+            for p in kubelet.live_pods("edited"):
+                kubelet.set_status(p.metadata.name, "Running")
+            wait_for(lambda: status(kube_api, ns, "edited").get("phase") == "Running", timeout=120, message="Running")
+            kubectl("patch", "resourceflavor", flavor, "--type=merge", "-p",
+                    '{"spec": {"nodeLabels": {"finetune.dev/test-pool": "red"}}}')  # fmt: skip
+            kubelet.set_status("edited-rank-1", "Failed", exit_code=1, message="boom")
+            st = wait_for(lambda: (s := status(kube_api, ns, "edited")).get("phase") == "Failed" and s,
+                          timeout=120, message="edited Failed")  # fmt: skip
+            assert st["reason"] == "FlavorConflict", st  # type: ignore[index]
+            msg = st["message"]  # type: ignore[index]
+            assert "spec.hardware.nodeSelector sets finetune.dev/test-pool=blue" in msg
+            assert f"ResourceFlavor(s) {flavor} with nodeLabels finetune.dev/test-pool=red" in msg
+            wait_for(lambda: (condition(workload(kube_api, ns, "edited"), "Finished") or {}).get("status") == "True",
+                     timeout=120, message="edited's Workload Finished")  # fmt: skip
+            wait_for(lambda: kubelet.live_pods("edited") == [], timeout=120, message="no live pod")
+        finally:
+            kubectl("delete", "-n", namespace, "ftj", "--all", "--wait=false")
+            kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
+            kubectl("delete", "resourceflavor", flavor, "--ignore-not-found", "--wait=false")
+
+
+def test_a_deactivated_workload_evicts_the_job_which_starts_again_when_reactivated(
+        queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str,
+        wait_for: Any, explain: Any) -> None:  # fmt: skip
+    """Eviction by the real Kueue (spec.active: false on the Workload, as `kueuectl stop workload` does): the
+    job's pods go, it is Queued with Kueue's reason, the operator releases the quota, nothing is orphaned, and
+    it is admitted and started again (same Workload, restartCount untouched) once reactivated."""
+    with explain():
+        ns = namespace
+        cq = f"cq-{namespace}"[:63]
+        kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("evicted", queue)))
+        wl = wait_for(lambda: admitted(kube_api, ns, "evicted"), timeout=120, message="evicted admitted")
+        uid = wl["metadata"]["uid"]  # type: ignore[index]
+        wait_for(lambda: len(kubelet.live_pods("evicted")) == 2, timeout=120, message="evicted's pods")
+        for p in kubelet.live_pods("evicted"):
+            kubelet.set_status(p.metadata.name, "Running")
+        wait_for(lambda: status(kube_api, ns, "evicted").get("phase") == "Running", timeout=120, message="Running")
+
+        kubectl("patch", "-n", ns, "workloads.kueue.x-k8s.io", "evicted", "--type=merge", "-p",
+                '{"spec": {"active": false}}')  # fmt: skip
+        st = wait_for(lambda: (s := status(kube_api, ns, "evicted")).get("phase") == "Queued" and s, timeout=120,
+                      message="evicted Queued")  # fmt: skip
+        assert "deactivated" in st["message"], st  # type: ignore[index]
+        wait_for(lambda: kubelet.pods("evicted") == [], timeout=120, message="evicted's pods gone")
+        # The operator released the reservation (Kueue's contract for a stopped job); the ClusterQueue holds none.
+        wait_for(lambda: not (workload(kube_api, ns, "evicted") or {}).get("status", {}).get("admission"),
+                 timeout=120, message="admission cleared")  # fmt: skip
+        wl = workload(kube_api, ns, "evicted")
+        assert wl is not None and wl["metadata"]["uid"] == uid
+        assert condition(wl, "QuotaReserved")["status"] == "False"  # type: ignore[index]
+        assert condition(wl, "Evicted")["status"] == "True"  # type: ignore[index]
+        reserving = "jsonpath={.status.reservingWorkloads}"
+        wait_for(lambda: kubectl("get", "clusterqueue", cq, "-o", reserving).stdout in ("", "0"), timeout=120,
+                 message="the ClusterQueue's reservation released")  # fmt: skip
+        # Nothing orphaned: whatever still carries the job's labels is controlled by it.
+        job_uid = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+            *API, ns, "finetunejobs", "evicted")["metadata"]["uid"]  # fmt: skip
+        left = yaml.safe_load(kubectl("get", "-n", ns, "pods,services,configmaps,secrets,workloads.kueue.x-k8s.io",
+                                      "-l", "finetune.dev/job-name=evicted", "-o", "yaml").stdout)["items"]  # fmt: skip
+        assert left and all(
+            [r["uid"] for r in o["metadata"]["ownerReferences"] if r.get("controller")] == [job_uid] for o in left
+        ), left
+        assert status(kube_api, ns, "evicted")["restartCount"] == 0
+
+        kubectl("patch", "-n", ns, "workloads.kueue.x-k8s.io", "evicted", "--type=merge", "-p",
+                '{"spec": {"active": true}}')  # fmt: skip
+        wait_for(lambda: admitted(kube_api, ns, "evicted"), timeout=120, message="evicted admitted again")
+        wait_for(lambda: len(kubelet.live_pods("evicted")) == 2, timeout=120, message="evicted's pods again")
+        st = status(kube_api, ns, "evicted")
+        assert st["phase"] in ("Pending", "Running") and st["restartCount"] == 0
+        assert {c["type"]: c["status"] for c in st["conditions"]}["Queued"] == "False"
+        assert workload(kube_api, ns, "evicted")["metadata"]["uid"] == uid  # type: ignore[index]

@@ -10,7 +10,8 @@ ClusterRoles the chart renders. The real operator then runs every path that talk
 - jobs whose child names are squatted by unlabelled objects of each kind (the 409 read-back that refuses to adopt);
 - a namespaced-mode operator (`--namespace`: kopf reads namespaces);
 - a job queued through Kueue (its Workload created and read; admitted here by a status write standing in for
-  Kueue, which test_kueue.py runs for real; marked Finished when the job ends).
+  Kueue, which test_kueue.py runs for real; the admission's ResourceFlavor read; marked Finished when the job
+  ends).
 The (group, resource, verb) triples in the log must equal the rendered grants: a grant never used fails, and so
 does a use never granted."""
 
@@ -176,6 +177,10 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
             wl_api = ("kueue.x-k8s.io", "v1beta2", ns, "workloads", "queued")
             custom = client.CustomObjectsApi(a.api)
             wait_for(lambda: custom.get_namespaced_custom_object(*wl_api), timeout=60, message="queued's Workload")
+            # Its admission names a ResourceFlavor, which the operator reads (cluster-scoped) for the pods.
+            custom.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "resourceflavors", {
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default"},
+                "spec": {"nodeLabels": {"pool": "audit"}}})  # fmt: skip
             now = "2026-12-03T00:00:00Z"
             custom.patch_namespaced_custom_object_status(*wl_api, {"status": {
                 "conditions": [{"type": t, "status": "True", "reason": t, "message": t, "lastTransitionTime": now}
@@ -184,6 +189,7 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
                     "name": "rank", "count": 2, "flavors": {"cpu": "default", "memory": "default"},
                     "resourceUsage": {"cpu": "4", "memory": "8Gi"}}]}}})  # fmt: skip
             wait_for(lambda: len(kubelet.live_pods("queued")) == 2, timeout=60, message="pods of queued")
+            assert all(p.spec.node_selector["pool"] == "audit" for p in kubelet.live_pods("queued"))
             for pod in ("queued-rank-0", "queued-rank-1"):
                 kubelet.set_status(pod, "Succeeded", exit_code=0, reason="Completed")
             wait_for(lambda: ("kueue.x-k8s.io", "workloads/status", "patch") in a.used(), timeout=60,

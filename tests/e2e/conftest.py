@@ -85,6 +85,12 @@ def node_cluster() -> Iterator[NodeCluster]:
 
 
 @pytest.fixture(scope="session")
+def runtime_image() -> str:
+    """The cpu runtime image the node holds (FTJOB_E2E_IMAGE): any pod a test adds can run from it."""
+    return RUNTIME_IMAGE
+
+
+@pytest.fixture(scope="session")
 def kubectl(node_cluster: NodeCluster) -> Kubectl:
     return make_kubectl(bins.ensure_binary("kubectl"), node_cluster.kubeconfig)
 
@@ -108,7 +114,7 @@ def operator(node_cluster: NodeCluster, kubectl: Kubectl) -> str:
         [str(helm), "install", "ftjob", str(REPO / "charts" / "finetune-operator"), "-n", OPERATOR_NS,
          f"--kubeconfig={node_cluster.kubeconfig}", "--set", f"operator.image.repository={repo}",
          "--set", f"operator.image.tag={tag}", "--set", f"runtimeImages.tag={runtime_tag}",
-         "--wait", "--timeout=180s"],
+         "--wait", "--timeout=600s"],  # a first start unpacks the images on 2 busy cores
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     return OPERATOR_NS

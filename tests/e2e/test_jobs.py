@@ -4,11 +4,14 @@ Helm, in-cluster credentials) renders pods that the kubelet runs from the locall
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from finetune_operator.progress import parse_line
 from ftjob_cluster.localcluster import wait_for
 from ftjob_cluster.testing import Kubectl
 
@@ -29,7 +32,13 @@ def _finished(kubectl: Kubectl, ns: str, name: str) -> dict[str, Any] | None:
 def _diagnose(kubectl: Kubectl, ns: str) -> str:
     pods = kubectl("-n", ns, "get", "pods", "-o", "wide", check=False).stdout
     events = kubectl("-n", ns, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout[-3000:]
-    return f"pods:\n{pods}\nevents:\n{events}"
+    logs = []
+    for pod in kubectl("-n", ns, "get", "pods", "-o", "name", check=False).stdout.split():
+        for previous in ("--previous=false", "--previous=true"):
+            out = kubectl("-n", ns, "logs", pod, "--all-containers", previous, "--tail=40", check=False)
+            if out.stdout.strip():
+                logs.append(f"--- {pod} {previous}\n{out.stdout[-4000:]}")
+    return f"pods:\n{pods}\nevents:\n{events}\nlogs:\n" + "\n".join(logs)
 
 
 def test_operator_runs_in_cluster_with_service_account(kubectl: Kubectl, operator: str) -> None:
@@ -102,3 +111,81 @@ def test_mpi_mpich_squad_launcher_and_two_workers(kubectl: Kubectl, job_namespac
     assert {"squad-mpi-launcher", "squad-mpi-worker-0", "squad-mpi-worker-1"} <= running, running
     metrics = list((host / "squad-mpi").rglob("*metrics*.json"))
     assert metrics, sorted(str(p) for p in (host / "squad-mpi").rglob("*"))[:50]
+
+
+# A plain torch.distributed script: nothing of ours in it; torchrun (reading PET_*) sets RANK, WORLD_SIZE...
+ALL_REDUCE = """\
+import json, os, sys
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+out = {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(), "group": os.environ["GROUP_RANK"],
+       "master": os.environ["MASTER_ADDR"]}
+open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w").write(json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+def test_bare_torchrun_command_forms_one_world_across_two_pods(kubectl: Kubectl,
+                                                               job_namespace: tuple[str, Path]) -> None:
+    """`command: [torchrun, script]` with no flags, as in a PyTorchJob: without the PET_* variables each pod
+    would train a world of its own (rank 0 of 1); with them both pods join one world through rank 0's DNS name."""
+    ns, host = job_namespace
+    (host / "scripts").mkdir(mode=0o777)
+    (host / "scripts" / "all_reduce.py").write_text(ALL_REDUCE)
+    (host / "scripts" / "all_reduce.py").chmod(0o644)
+    kubectl("-n", ns, "apply", "-f", str(JOBS / "bare-torchrun.yaml"))
+    try:
+        job = wait_for(lambda: _finished(kubectl, ns, "bare-torchrun"), timeout=JOB_TIMEOUT, interval=2.0,
+                       message="bare-torchrun to finish")
+    except TimeoutError:
+        pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}")
+    assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
+    out = host / "bare-torchrun" / ns / "bare-torchrun"
+    ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda x: x["rank"])
+    assert [(x["rank"], x["world"], x["sum"]) for x in ranks] == [(0, 2, 3.0), (1, 2, 3.0)], ranks
+    assert {x["group"] for x in ranks} == {"0", "1"}, ranks  # one torchrun agent per pod, node rank from PET_*
+    assert {x["master"] for x in ranks} == {f"bare-torchrun-rank-0.bare-torchrun.{ns}.svc"}, ranks
+
+
+def _first_step_after_start(kubectl: Kubectl, ns: str, pod: str) -> float:
+    """Seconds from the pod's precompile trial starting to rank 0's first training step (its progress line)."""
+    doc = json.loads(kubectl("-n", ns, "get", "pod", pod, "-o", "json").stdout)
+    trial = next(s for s in doc["status"]["initContainerStatuses"] if s["name"] == "precompile")
+    started = datetime.fromisoformat(trial["state"]["terminated"]["startedAt"].replace("Z", "+00:00"))
+    for line in kubectl("-n", ns, "logs", pod, "-c", "trainer").stdout.splitlines():
+        rec = parse_line(line)
+        if rec and rec.get("event") == "train" and rec.get("step", 0) >= 1:
+            return (datetime.fromisoformat(rec["time"].replace("Z", "+00:00")) - started).total_seconds()
+    raise AssertionError(f"no training step in {pod}'s log")
+
+
+def test_compile_cache_shared_by_two_jobs_is_warm_for_the_second(kubectl: Kubectl,
+                                                                  job_namespace: tuple[str, Path]) -> None:
+    """Two consecutive jobs on one compile-cache claim, each with a precompile trial: the first compiles, the
+    second's trial finds every graph in the cache. status.compileCache says so (from the trial's termination
+    message), and the second reaches its first training step sooner. By how much: `make bench` (compile-cache)."""
+    ns, _ = job_namespace
+    doc = yaml.safe_load((JOBS / "ja-precompile.yaml").read_text())
+    reports, delays = {}, {}
+    for name in ("cold-cache", "warm-cache"):
+        doc["metadata"]["name"] = name
+        kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+        try:
+            job = wait_for(lambda n=name: _finished(kubectl, ns, n), timeout=JOB_TIMEOUT, interval=2.0,
+                           message=f"{name} to finish")
+        except TimeoutError:
+            pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}")
+        assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
+        reports[name] = job["status"].get("compileCache")
+        delays[name] = _first_step_after_start(kubectl, ns, f"{name}-rank-0")
+    cold, warm = reports["cold-cache"], reports["warm-cache"]
+    assert cold and cold["warm"] is False and cold["graphMisses"] > 0, reports
+    assert warm and warm["warm"] is True and warm["graphMisses"] == 0 and warm["graphHits"] > 0, reports
+    assert warm["entriesBefore"] >= cold["entriesAfter"] > 0, reports
+    events = kubectl("-n", ns, "get", "events", "--field-selector=involvedObject.name=warm-cache", "-o", "json")
+    assert any(e["reason"] == "CompileCache" and "warm" in e["message"]
+               for e in json.loads(events.stdout)["items"]), events.stdout[-2000:]
+    assert delays["warm-cache"] < delays["cold-cache"], delays

@@ -175,6 +175,10 @@ def test_mpirun_reaches_workers_over_ssh(tmp_path: Path, impl: str, sshd_on_free
                       FTJOB_HOSTFILE=str(hostfile), FTJOB_WORLD_SIZE="2", FTJOB_MPI_SLOTS_PER_NODE="2",
                       FTJOB_SSH_PORT=str(port), FTJOB_SSH_SECRET_DIR=str(secret.launcher), HOME=str(home.path),
                       FTJOB_SSH_DIR=str(ssh_dir))
+    if impl != "openmpi":
+        # As in pods: the proxies dial mpiexec back by FTJOB_LAUNCHER_HOST (Hydra's -localhost), not by the
+        # hostname, which in a pod does not resolve from other pods.
+        env["FTJOB_LAUNCHER_HOST"] = "127.0.0.1"
     run = run_runtime(["mpirun"], env, tmp_path)
     assert run.rc == 0, run.out[-4000:]
     assert str(ssh_dir / "ftjob-ssh") in run.out.splitlines()[0]

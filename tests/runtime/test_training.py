@@ -167,14 +167,29 @@ def test_mpirun_two_ranks(tmp_path: Path, impl: str, task: str, request: pytest.
 
 
 def test_precompile_warms_the_torch_compile_cache(tmp_path: Path) -> None:
+    """Two trials on one cache: the first compiles (cold), the second finds every graph in the cache (warm).
+    Each reports so in its final record and, relayed by the launcher, in the termination message file that
+    the kubelet turns into the init container's status (read by the operator for status.compileCache)."""
     cfg = job_config(DEMO_CONFIG).training(compile=True, batchSizePerDevice=4).task(maxLength=32) \
         .write(tmp_path / "config.json")
-    env = runtime_env(tmp_path, cfg, FTJOB_NPROC_PER_NODE="1", FTJOB_PRECOMPILE_STEPS="2")
-    run = run_runtime(["launch", "--precompile"], env, tmp_path, timeout=540)
-    assert run.rc == 0, run.out[-4000:]
-    pre = run.events("precompile")
-    assert pre and pre[-1].get("complete") is True and pre[-1]["step"] == 2
-    assert not run.events("done") and not (run.output_dir / "model").exists()
-    cache = tmp_path / "cache" / "torch-compile"
-    assert pre[-1]["cacheDir"] == str(cache)
-    assert sum(1 for p in cache.rglob("*") if p.is_file()) > 0, "inductor wrote nothing to the cache"
+    message = tmp_path / "termination-log"
+    message.write_text("")  # the kubelet creates the file; the relay never does
+    env = runtime_env(tmp_path, cfg, FTJOB_NPROC_PER_NODE="1", FTJOB_PRECOMPILE_STEPS="2",
+                      FTJOB_TERMINATION_LOG=str(message))
+    reports = []
+    for trial in ("cold", "warm"):
+        run = run_runtime(["launch", "--precompile"], env, tmp_path, timeout=540)
+        assert run.rc == 0, run.out[-4000:]
+        pre = run.events("precompile")
+        assert pre and pre[-1].get("complete") is True and pre[-1]["step"] == 2
+        assert not run.events("done") and not (run.output_dir / "model").exists()
+        cache = tmp_path / "cache" / "torch-compile"
+        assert pre[-1]["cacheDir"] == str(cache)
+        assert sum(1 for p in cache.rglob("*") if p.is_file()) > 0, "inductor wrote nothing to the cache"
+        relayed = json.loads(message.read_text())["compileCache"]
+        assert relayed["steps"] == 2 and relayed["warm"] == pre[-1]["cache"]["warm"], (relayed, pre[-1])
+        reports.append((trial, relayed))
+    (_, cold), (_, warm) = reports
+    assert cold["warm"] is False and cold["graphMisses"] > 0 and cold["entriesBefore"] == 0, cold
+    assert warm["warm"] is True and warm["graphMisses"] == 0 and warm["graphHits"] > 0, warm
+    assert warm["entriesBefore"] == cold["entriesAfter"] > 0, reports

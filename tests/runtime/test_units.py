@@ -88,6 +88,10 @@ def test_mpich_command() -> None:
                                   which=_which({"mpirun", "mpirun.mpich", "mpirun.openmpi"}))
     assert cmd == ["mpirun.mpich", "-f", "/etc/ftjob/hostfile", "-n", "4", "-ppn", "2", "-genvall",
                    "/py", "-m", "finetune_runtime", "worker"]
+    # In pods the proxies dial mpiexec back by the launcher's DNS name (its short hostname does not resolve).
+    env["FTJOB_LAUNCHER_HOST"] = "j-launcher.j.ns.svc"
+    cmd = launcher.mpirun_command(env, python="/py", is_root=True, which=_which({"mpirun.mpich"}))
+    assert cmd[7:9] == ["-localhost", "j-launcher.j.ns.svc"], cmd
 
 
 def _intel_tree(root: Path) -> Path:
@@ -656,3 +660,12 @@ def test_wait_for_accumulates_repeated_flags() -> None:
     ns = parser().parse_args(["wait-for", "--dns", "w0", "--ssh", "w0", "--dns", "w1", "--ssh", "w1:22",
                               "--tcp", "a:1", "b:2"])  # fmt: skip
     assert (ns.dns, ns.ssh, ns.tcp) == (["w0", "w1"], ["w0", "w1:22"], ["a:1", "b:2"])
+
+
+def test_torch_compile_toolchain_problem_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from finetune_runtime.compilecache import toolchain_problem
+
+    assert toolchain_problem() is None  # this machine has g++ and Python.h, as the images do
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    problem = toolchain_problem()
+    assert problem and "a C++ compiler (g++)" in problem and "finetune-operator image" in problem

@@ -56,3 +56,21 @@ def test_scaled_data_repeats_rows_with_unique_ids(tmp_path: Path) -> None:
     original = (ROOT / "examples/data/ja-reviews/train.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(train) == len(texts) == 3 * len(original)
     assert len({r["review_id"] for r in train}) == len(train)
+
+
+def test_compile_cache_job_is_the_sample_with_a_trial_and_compile(tmp_path: Path) -> None:
+    import compile_cache as cc
+
+    from finetune_operator.admission import validate
+
+    doc = cc.job_doc(trial_steps=3)
+    spec = validate(doc)["spec"]  # what ftjob run checks first: the benchmark's job is a valid FineTuneJob
+    assert spec["compileCache"] == {"precompile": True, "precompileSteps": 3} | {
+        k: v for k, v in spec["compileCache"].items() if k not in ("precompile", "precompileSteps")}
+    assert spec["training"]["compile"] is True and spec["hardware"]["procsPerNode"] == 1
+    assert Path(spec["task"]["model"]).is_dir() and Path(spec["task"]["dataset"]["path"]).is_dir()
+    log = tmp_path / "precompile-node0.log"
+    log.write_text("noise\n" + format_line("precompile", step=1) + "\n"
+                   + "[rank0]: " + format_line("precompile", step=2, complete=True, cache={"warm": True}) + "\n")
+    assert [r["step"] for r in cc.records(log, "precompile")] == [1, 2]
+    assert cc.records(log, "train") == [] and cc.records(tmp_path / "absent.log", "train") == []

@@ -368,3 +368,49 @@ def test_workload_has_one_pod_set_per_role_sized_like_the_pods() -> None:
     ch = render(mpi)
     sets = {ps["name"]: ps["count"] for ps in workload(mpi, ch.layout, ch.names, ch.pods)["spec"]["podSets"]}
     assert sets == {"worker": 2, "launcher": 1}
+
+
+def flavor(name: str, labels: dict[str, str] | None = None, tolerations: list[Any] | None = None,
+           taints: list[Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    spec = {"nodeLabels": labels or {}, "tolerations": tolerations or [], "nodeTaints": taints or []}
+    return {"kind": "ResourceFlavor", "metadata": {"name": name}, "spec": spec}
+
+
+def test_admitted_flavors_place_their_node_labels_and_tolerations_on_each_pod_set() -> None:
+    """As Kueue's podset.FromAssignment + Merge: every flavor of a pod set adds its nodeLabels and tolerations
+    (once each), nodeTaints add nothing, and each MPI pod set gets its own flavors."""
+    from finetune_operator.builders.flavors import assigned_flavors, placements
+
+    tol = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    flavors = {
+        "spr": flavor("spr", {"pool": "spr", "zone": "a"}, [tol], taints=[{"key": "x", "effect": "NoSchedule"}]),
+        "gpu-mem": flavor("gpu-mem", {"zone": "a"}, [tol]),
+        "small": flavor("small", {"pool": "small"}),
+    }
+    admission = {"clusterQueue": "cq", "podSetAssignments": [
+        {"name": "worker", "count": 2, "flavors": {"cpu": "spr", "memory": "gpu-mem"}},
+        {"name": "launcher", "count": 1, "flavors": {"cpu": "small", "memory": "small"}}]}  # fmt: skip
+    assert assigned_flavors(admission) == ["spr", "gpu-mem", "small"]
+    job = validate(make_job("m", "ns1").nodes(2).launcher("mpi", "mpich").qa()
+                   .set("spec.hardware.tolerations", [tol]).run_policy(queueName="q").build())  # fmt: skip
+    ch = render(job, placements=placements(admission, flavors))
+    workers = [p for p in ch.pods if p["metadata"]["labels"][LABEL_ROLE] == "worker"]
+    [launcher] = [p for p in ch.pods if p["metadata"]["labels"][LABEL_ROLE] == "launcher"]
+    for w in workers:
+        assert w["spec"]["nodeSelector"]["pool"] == "spr" and w["spec"]["nodeSelector"]["zone"] == "a"
+        assert w["spec"]["tolerations"].count(tol) == 1  # the job's own and both flavors' are the same one
+        assert not any(t.get("key") == "x" for t in w["spec"]["tolerations"])
+    assert launcher["spec"]["nodeSelector"] == {"pool": "small"} and "tolerations" not in launcher["spec"]
+    # Without placements (no queue, or `ftjob render`) the pods are as before.
+    plain = render(job)
+    assert all("pool" not in (p["spec"].get("nodeSelector") or {}) for p in plain.pods)
+
+
+def test_a_flavor_label_never_overrides_the_jobs_own_node_selector() -> None:
+    from finetune_operator.builders.flavors import Placement, conflicts, place
+
+    p = Placement(("spr",), {"pool": "spr", "zone": "a"})
+    assert conflicts({"pool": "trn1", "zone": "a"}, p) == [("pool", "trn1", "spr")]
+    assert place({"nodeSelector": {"zone": "a"}}, p) == {"nodeSelector": {"pool": "spr", "zone": "a"}}
+    with pytest.raises(ValueError, match="conflicts"):
+        place({"nodeSelector": {"pool": "trn1"}}, p)

@@ -28,11 +28,13 @@ class World:
         self.now = T0
         self.deleted_job = False
         self.workload: dict[str, Any] | None = None  # the Kueue Workload, as created by a plan
+        self.flavors: dict[str, dict[str, Any]] = {}  # ResourceFlavors the loop could read, by name
 
     def step(self, progress: dict[str, Any] | None = None, seconds: float = 1) -> Plan:
         self.now += timedelta(seconds=seconds)
         plan = reconcile(self.job, Observed(list(copy.deepcopy(self.pods).values()), dict(self.objects),
-                                            self.now, progress, lambda: KEYS, copy.deepcopy(self.workload)))
+                                            self.now, progress, lambda: KEYS, copy.deepcopy(self.workload),
+                                            copy.deepcopy(self.flavors)))
         for name in plan.delete_pods:
             self.pods[name]["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
         for obj in plan.create:
@@ -49,7 +51,7 @@ class World:
         self.deleted_job = plan.delete_job
         return plan
 
-    def kueue(self, *conditions: tuple[str, str, str, str], admission: bool | None = None) -> None:
+    def kueue(self, *conditions: tuple[str, str, str, str], admission: bool | dict[str, Any] | None = None) -> None:
         """Kueue writes the Workload's status: (type, status, reason, message) conditions, and admission."""
         assert self.workload is not None
         st = self.workload["status"]
@@ -58,7 +60,8 @@ class World:
             conds[ctype] = {"type": ctype, "status": status, "reason": reason, "message": message}
         st["conditions"] = list(conds.values())
         if admission is not None:
-            st["admission"] = {"clusterQueue": "cq"} if admission else None
+            plain = {"clusterQueue": "cq"} if admission else None
+            st["admission"] = admission if isinstance(admission, dict) else plain
 
     def gone(self) -> None:
         """The kubelet finished deleting every terminating pod."""
@@ -121,6 +124,41 @@ def test_precompiling_phase_from_init_container() -> None:
     w.set_phase("p-rank-0", "Pending", initContainerStatuses=[{"name": "precompile", "state": {"running": {}}}])
     w.step()
     assert w.phase == "Precompiling"
+
+
+def _trial(message: str, code: int = 0) -> list[dict[str, Any]]:
+    return [{"name": "precompile", "state": {"terminated": {"exitCode": code, "message": message}}}]
+
+
+WARM = '{"compileCache":{"warm":true,"graphHits":4,"graphMisses":0,"entriesBefore":9,"entriesAfter":9,' \
+       '"trialSeconds":8.6,"steps":16,"injected":"x"}}'
+
+
+def test_compile_cache_report_from_the_trials_termination_message() -> None:
+    w = World(make_job("p").nodes(2).classification().cache(precompile=True).build())
+    w.step()
+    w.set_phase("p-rank-1", "Running", initContainerStatuses=_trial(WARM.replace("true", "false")))
+    w.set_phase("p-rank-0", "Running", initContainerStatuses=_trial(WARM))
+    plan = w.step()
+    assert w.job["status"]["compileCache"] == {"warm": True, "graphHits": 4, "graphMisses": 0, "entriesBefore": 9,
+                                               "entriesAfter": 9, "trialSeconds": 8.6, "steps": 16, "attempt": 0}
+    assert ("Normal", "CompileCache",
+            "compile cache warm: 4 graph(s) from the cache, 0 compiled; trial 8.6 s") in plan.events
+    assert w.step().events == []  # level-triggered: the same report again is no news
+    w.all_phase("Succeeded")
+    w.step()
+    assert w.phase == "Succeeded" and w.job["status"]["compileCache"]["warm"] is True
+
+
+def test_compile_cache_report_ignores_failed_or_malformed_trials() -> None:
+    for init in (_trial(WARM, code=1), _trial("boom: last log lines"), _trial('{"compileCache":{"warm":"yes"}}'),
+                 _trial('{"compileCache":{"warm":false,"graphHits":true,"steps":"2"}}')):
+        w = World(make_job("p").classification().cache(precompile=True).build())
+        w.step()
+        w.set_phase("p-rank-0", "Running", initContainerStatuses=init)
+        w.step()
+        report = w.job["status"].get("compileCache")
+        assert report in (None, {"warm": False, "attempt": 0}), report  # mistyped fields are dropped
 
 
 def test_rank_failure_restarts_whole_group_then_succeeds() -> None:
@@ -379,6 +417,79 @@ def test_evicted_job_stops_its_pods_then_releases_the_quota() -> None:
     assert p.workload_status is not None and p.workload_status["status"]["admission"] is None
     conds = {c["type"]: c["status"] for c in p.workload_status["status"]["conditions"]}
     assert conds["QuotaReserved"] == "False" and conds["Admitted"] == "False" and conds["Evicted"] == "True"
+
+
+def on_flavor(name: str) -> dict[str, Any]:
+    return {"clusterQueue": "cq", "podSetAssignments": [{"name": "rank", "count": 2,
+                                                         "flavors": {"cpu": name, "memory": name}}]}  # fmt: skip
+
+
+def test_admitted_job_pods_carry_their_flavors_labels_and_tolerations_and_wait_for_an_unread_one() -> None:
+    from finetune_operator.reconcile import admitted_flavors
+
+    tol = {"key": "team", "operator": "Equal", "value": "a", "effect": "NoSchedule"}
+    w = World(job2(queueName="q"))
+    w.step()
+    w.kueue(*ADMITTED, admission=on_flavor("spr"))
+    assert admitted_flavors(w.workload) == ["spr"]
+    p = w.step()  # the flavor could not be read (Observed.flavors lacks it): nothing is created yet
+    assert p.create == [] and w.phase == "Pending" and w.job["status"]["reason"] == "FlavorNotFound"
+    assert "ResourceFlavor(s) spr" in w.job["status"]["message"]
+    w.flavors = {"spr": {"metadata": {"name": "spr"}, "spec": {"nodeLabels": {"pool": "spr"}, "tolerations": [tol]}}}
+    p = w.step()
+    pods = [o for o in p.create if o["kind"] == "Pod"]
+    assert len(pods) == 2 and all(o["spec"]["nodeSelector"]["pool"] == "spr" for o in pods)
+    assert all(tol in o["spec"]["tolerations"] for o in pods)
+    # A group restart's pods are placed by the same admission.
+    w.all_phase("Running")
+    w.step()
+    w.set_phase("j-rank-1", "Failed", **terminated(1))
+    w.step()
+    w.gone()
+    p = w.step()
+    assert [o["spec"]["nodeSelector"]["pool"] for o in p.create if o["kind"] == "Pod"] == ["spr", "spr"]
+    # An evicted Workload's flavors are not read.
+    w.kueue(("Evicted", "True", "Preempted", "Preempted"))
+    assert admitted_flavors(w.workload) == []
+
+
+def test_a_flavor_contradicting_the_jobs_node_selector_fails_it_and_releases_the_quota() -> None:
+    w = World(make_job("j", "ns").nodes(2).classification().set("spec.hardware.nodeSelector", {"pool": "trn1"})
+              .run_policy(queueName="q").build())  # fmt: skip
+    w.step()
+    w.flavors = {"spr": {"metadata": {"name": "spr"}, "spec": {"nodeLabels": {"pool": "spr"}}}}
+    w.kueue(*ADMITTED, admission=on_flavor("spr"))
+    p = w.step()
+    assert not [o for o in p.create if o["kind"] == "Pod"] and not w.pods
+    assert w.phase == "Failed" and w.job["status"]["reason"] == "FlavorConflict"
+    msg = w.job["status"]["message"]
+    assert "spec.hardware.nodeSelector sets pool=trn1" in msg
+    assert "ResourceFlavor(s) spr with nodeLabels pool=spr" in msg
+    assert "Fix:" in msg
+    assert p.workload_status is not None
+    finished = [c for c in p.workload_status["status"]["conditions"] if c["type"] == "Finished"]
+    assert finished and finished[0]["status"] == "True"
+
+
+def test_a_flavor_edited_under_running_pods_fails_the_job_only_when_it_creates_pods() -> None:
+    w = World(make_job("j", "ns").nodes(2).classification().set("spec.hardware.nodeSelector", {"pool": "spr"})
+              .run_policy(queueName="q", backoffLimit=2).build())  # fmt: skip
+    w.step()
+    w.flavors = {"spr": {"metadata": {"name": "spr"}, "spec": {"nodeLabels": {"pool": "spr"}}}}
+    w.kueue(*ADMITTED, admission=on_flavor("spr"))
+    w.step()
+    w.all_phase("Running")
+    w.step()
+    assert w.phase == "Running"
+    w.flavors["spr"]["spec"]["nodeLabels"] = {"pool": "other"}  # edited after the pods started
+    w.step()
+    assert w.phase == "Running" and not [n for n, p in w.pods.items() if p["metadata"].get("deletionTimestamp")]
+    w.set_phase("j-rank-1", "Failed", **terminated(1))
+    w.step()
+    assert w.phase == "Restarting"
+    w.gone()
+    p = w.step()  # the restart's pods would go where the job did not ask: the job fails instead
+    assert p.create == [] and w.phase == "Failed" and w.job["status"]["reason"] == "FlavorConflict"
 
 
 def test_a_workload_the_job_does_not_control_is_never_its_admission() -> None:

@@ -565,6 +565,22 @@ STATUS = _o(
         "observedGeneration": _i("Generation of the spec last reconciled."),
         "progress": _free("Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
                           "etaSeconds, metrics, summary."),
+        "compileCache": _o(
+            "What the precompile trial (compileCache.precompile) of the latest attempt found in the compile cache, "
+            "as rank 0 reported it. warm: the trial compiled nothing new (torch.compile: every graph came from the "
+            "cache; Neuron: the cache held entries and the trial added none).",
+            {
+                "warm": {"type": "boolean", "description": "The trial compiled nothing new."},
+                "graphHits": _i("Graphs loaded from the cache (torch.compile's AOTAutograd and FX graph caches)."),
+                "graphMisses": _i("Graphs compiled by the trial (0 when warm)."),
+                "entriesBefore": _i("Files in the cache directory before the trial."),
+                "entriesAfter": _i("Files in the cache directory after the trial."),
+                "trialSeconds": {"type": "number", "description": "Duration of the trial's training steps."},
+                "steps": _i("Steps the trial ran (compileCache.precompileSteps)."),
+                "time": _s("When the trial finished (as rank 0's clock said)."),
+                "attempt": _i("restartCount of the attempt whose trial this was."),
+            },
+        ),
         "foreignChildren": {
             "type": "array",
             "description": "Objects that carry this job's labels but whose controller owner reference is not this "

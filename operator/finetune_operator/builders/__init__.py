@@ -10,12 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .flavors import Placement
 from .layout import Layout, resolve
 from .names import Names
 from .objects import SshKeys, config_map, network_policy, owner_reference, service, ssh_secret
 from .pods import mpi_pods, torchrun_pods
 
-__all__ = ["Children", "Layout", "Names", "SshKeys", "desired", "image_for", "owner_reference", "resolve"]
+__all__ = ["Children", "Layout", "Names", "Placement", "SshKeys", "desired", "image_for", "owner_reference",
+           "resolve"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,13 @@ def desired(
     ssh_keys: SshKeys | None = None,
     attempt: int = 0,
     network_policy_config: Mapping[str, Any] | None = None,
+    placements: Mapping[str, Placement] | None = None,
 ) -> Children:
     """Every child of `job` (validated, defaults applied). MPI jobs get their SSH Secret only when `ssh_keys`
     are given: the operator makes keys only for a job whose (immutable) Secret does not exist yet, `ftjob
     render` always. With the operator's `networkPolicy: {enabled: true, extraIngress: [...]}`, a
-    NetworkPolicy isolates the job's pods."""
+    NetworkPolicy isolates the job's pods. `placements` (pod role -> Placement) are what an admitted job's Kueue
+    flavors add to its pods' node selector and tolerations (builders.flavors)."""
     layout = resolve(job)
     names = Names.of(job, layout.launcher)
     image = image_for(job, layout, images)
@@ -55,8 +59,8 @@ def desired(
     if layout.launcher == "mpi":
         if ssh_keys is not None:
             objects.append(ssh_secret(job, layout, names, ssh_keys))
-        pods = mpi_pods(job, layout, names, image, attempt)
+        pods = mpi_pods(job, layout, names, image, attempt, placements)
     else:
-        pods = torchrun_pods(job, layout, names, image, attempt)
+        pods = torchrun_pods(job, layout, names, image, attempt, placements)
     # Independent copies: callers mutate and serialise them freely.
     return Children(layout, names, copy.deepcopy(objects), copy.deepcopy(pods))

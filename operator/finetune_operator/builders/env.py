@@ -78,6 +78,9 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
                 "FTJOB_HOSTFILE": c.HOSTFILE,
                 "FTJOB_MPI_SLOTS_PER_NODE": str(layout.procs_per_node),
                 "FTJOB_SSH_PORT": str(c.SSH_PORT),
+                # Hydra's proxies on the workers dial mpiexec back by this name; its default, the launcher's
+                # short hostname, does not resolve in the workers' pods (found by the e2e tier).
+                "FTJOB_LAUNCHER_HOST": names.fqdn(names.launcher),
             }
         )
     return env

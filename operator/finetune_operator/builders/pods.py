@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from .. import constants as c
 from .env import command_env, container_env
+from .flavors import Placement, place
 from .layout import Layout
 from .names import Names
 from .objects import labels, owner_reference
@@ -65,8 +67,12 @@ def _security(uid: int) -> tuple[dict[str, Any], dict[str, Any]]:
     return pod, container
 
 
-def _scheduling(job: dict[str, Any], layout: Layout) -> dict[str, Any]:
+def scheduling(job: dict[str, Any], layout: Layout, role: str) -> dict[str, Any]:
+    """A role's scheduling fields from the job alone (before any Kueue flavor is placed on them). The MPI
+    launcher only runs mpirun: it goes wherever it fits, not onto an accelerator node."""
     hw = job["spec"]["hardware"]
+    if role == c.ROLE_LAUNCHER:
+        return {"schedulerName": hw["schedulerName"]} if hw.get("schedulerName") else {}
     p = layout.profile
     selector = dict(p.node_selector)
     if layout.instance is not None:
@@ -154,7 +160,16 @@ def _resources(layout: Layout) -> dict[str, Any]:
     return out
 
 
-def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, attempt: int) -> list[Any]:
+# Pod role -> what Kueue's admission places on that role's pods (builders.flavors); None without a queue.
+Placements = Mapping[str, Placement] | None
+
+
+def _placed(job: dict[str, Any], layout: Layout, role: str, placements: Placements) -> dict[str, Any]:
+    return place(scheduling(job, layout, role), (placements or {}).get(role))
+
+
+def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, attempt: int,
+                  placements: Placements = None) -> list[Any]:  # fmt: skip
     spec = job["spec"]
     precompile = bool((spec.get("compileCache") or {}).get("precompile"))
     command = spec.get("command") or [c.RUNTIME_CMD, "launch"]
@@ -194,13 +209,14 @@ def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str,
         pods.append(
             _pod(
                 job, layout, names, name=names.rank_pod(i), role=c.ROLE_RANK, rank=i, attempt=attempt, image=image,
-                containers=[trainer], init_containers=init, scheduling=_scheduling(job, layout),
+                containers=[trainer], init_containers=init, scheduling=_placed(job, layout, c.ROLE_RANK, placements),
             )
         )
     return pods
 
 
-def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, attempt: int) -> list[Any]:
+def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, attempt: int,
+             placements: Placements = None) -> list[Any]:  # fmt: skip
     spec = job["spec"]
     env = container_env(job, layout, names)
     pods = []
@@ -216,10 +232,12 @@ def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, atte
         pods.append(
             _pod(
                 job, layout, names, name=names.rank_pod(i), role=c.ROLE_WORKER, rank=i, attempt=attempt,
-                image=image, containers=[sshd], init_containers=[], scheduling=_scheduling(job, layout),
+                image=image, containers=[sshd], init_containers=[],
+                scheduling=_placed(job, layout, c.ROLE_WORKER, placements),
             )
         )
-    wait_cmd = [c.RUNTIME_CMD, "wait-for", "--timeout", str(WAIT_TIMEOUT_S)]
+    # The launcher's own name first: the workers' proxies resolve it through the same cluster DNS.
+    wait_cmd = [c.RUNTIME_CMD, "wait-for", "--timeout", str(WAIT_TIMEOUT_S), "--dns", names.fqdn(names.launcher)]
     for i in range(layout.nodes):
         host = names.fqdn(names.rank_pod(i))
         wait_cmd += ["--dns", host, "--ssh", host]
@@ -250,12 +268,11 @@ def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, atte
         "env": env,
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
     }
-    # The launcher only runs mpirun; it goes wherever it fits, not onto an accelerator node.
-    launcher_sched = {k: v for k, v in _scheduling(job, layout).items() if k in ("schedulerName",)}
     pods.append(
         _pod(
             job, layout, names, name=names.launcher, role=c.ROLE_LAUNCHER, rank=None, attempt=attempt, image=image,
-            containers=[launcher], init_containers=init, scheduling=launcher_sched,
+            containers=[launcher], init_containers=init,
+            scheduling=_placed(job, layout, c.ROLE_LAUNCHER, placements),
         )
     )
     return pods

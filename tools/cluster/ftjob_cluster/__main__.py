@@ -2,8 +2,8 @@
 
 bin NAME...      print absolute paths of pinned binaries, fetching/building them first (`bin kueue` builds Kueue,
                  `bin training-operator` the Kubeflow peer of make bench-peer)
-build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS; never
-                 Kueue: `make kueue-bin`, only the Kueue tier needs it)
+build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS,
+                 and kube-network-policies where the kernel can run it; never Kueue: `make kueue-bin`)
 node-check       say whether this machine can run a node
 up --dir DIR     start a control plane that keeps running after this command exits; --node auto|on adds a
                  node (kubelet, containerd, kube-proxy, CoreDNS) when this machine can run one
@@ -31,6 +31,14 @@ def _cmd_bin(args: argparse.Namespace) -> int:
 def _cmd_build(args: argparse.Namespace) -> int:
     bins.fetch_client_binaries(force=args.force)
     groups = ["node", "coredns"] if args.node else ["control-plane"]
+    if args.node:
+        from ftjob_cluster.netpolicy import network_policy_unavailable_reason
+
+        # ~20 min of a loaded 2-core machine for an agent that could not run here: say so instead.
+        if (reason := network_policy_unavailable_reason()) is None:
+            groups.append("netpol")
+        else:
+            print(f"kube-network-policies not built (`bin kube-network-policies` builds it anyway): {reason}")
     for group in groups:
         result = bins.build_go_binaries(force=args.force, group=group)
         if result is not None:
@@ -74,6 +82,12 @@ def _cmd_up(args: argparse.Namespace) -> int:
             node.stop(None, directory)
             raise
         print(f"node {node.NODE_NAME} Ready ({', '.join(f'{k} {v:.1f}' for k, v in times.items())})")
+        if any(c.name == node.NetworkPolicyAgent.name for c in cluster.components):
+            print(f"NetworkPolicy enforced by kube-network-policies {bins.NETPOL_VERSION}")
+        else:
+            from ftjob_cluster.netpolicy import network_policy_unavailable_reason
+
+            print(f"NetworkPolicy is not enforced on this node: {network_policy_unavailable_reason()}")
     kubectl = bins.ensure_binary("kubectl")
     print(f"control plane {bins.K8S_VERSION} up in {cluster.startup_seconds:.1f} s at {cluster.server}")
     print(f"logs: {directory / 'logs'}")

@@ -57,6 +57,9 @@ GO_PACKAGES: dict[str, str] = {
 }
 # CoreDNS release built from tools/cluster/coredns (its go.mod pins it); cluster DNS of the local node.
 COREDNS_VERSION = "v1.15.0"
+# kube-network-policies release built from tools/cluster/netpol (its go.mod pins it): the node's NetworkPolicy
+# enforcement (node.NetworkPolicyAgent). The Go proxy's kube-router (v2.1.0) has reported security flaws.
+NETPOL_VERSION = "v0.8.0"
 # Version stamping, as upstream's hack/lib/version.sh does: without it the components report
 # v0.0.0-master and kubectl refuses to parse the server version. The date is the release's publication time
 # on the Go proxy, not the build time, so the binaries are reproducible.
@@ -108,6 +111,10 @@ def go_builds() -> dict[str, GoBuild]:
         ),
         # CoreDNS stamps its version from its own source; nothing to inject.
         "coredns": GoBuild("coredns", _TOOLS_DIR / "coredns", {"coredns": "github.com/coredns/coredns"}, "-s -w"),
+        # v0.8.0's main package is its cmd/ directory; it has no version variable to stamp.
+        "netpol": GoBuild(
+            "netpol", _TOOLS_DIR / "netpol", {"kube-network-policies": "sigs.k8s.io/kube-network-policies/cmd"}, "-s -w"
+        ),
     }
 
 

@@ -1,4 +1,5 @@
-"""A real node beside the LocalCluster control plane: containerd + runc + CNI, kubelet, kube-proxy, CoreDNS.
+"""A real node beside the LocalCluster control plane: containerd + runc + CNI, kubelet, kube-proxy, CoreDNS, and
+kube-network-policies (NetworkPolicy enforcement) where the kernel can run it.
 
 Layout (docs/cluster.md, measured facts in the project's node-tier notes):
 - An interface `ftjob0` of our own holds NODE_IP, an address this machine did not have before. The API server
@@ -44,6 +45,7 @@ from ftjob_cluster.localcluster import (
     _terminate_group,
     free_port,
 )
+from ftjob_cluster.netpolicy import NETPOL_QUEUE, NETPOL_TABLE, network_policy_unavailable_reason
 
 NODE_NAME = "ftjob-node"
 # Documentation-free private addresses that we add ourselves; nothing else on the machine uses them.
@@ -187,6 +189,8 @@ def teardown_host(state_file: Path, node_dir: Path) -> None:
     for cidr in (SERVICE_CIDR, POD_RANGE, NODE_IP_RANGE):
         _run("ip", "route", "del", "blackhole", cidr, check=False)
     _remove_chains()
+    if shutil.which("nft") is not None:
+        _run("nft", "delete", "table", *NETPOL_TABLE, check=False)
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
         top = hierarchy / "kubepods"
         if top.is_dir():
@@ -435,7 +439,12 @@ class Kubelet(_NodeAgent):
             "podLogsDir": str(d / "pod-logs"),
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            # A shared development disk: an image import (docker save -> ctr import, about twice the image's
+            # size for a moment) can dip below a percentage threshold, and the DiskPressure taint then kept
+            # every pod unschedulable for the default 5-minute transition period (the e2e operator's
+            # helm --wait timed out). Absolute floors, and pressure lifts 30 s after it ends.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "512Mi", "imagefs.available": "512Mi"},
+            "evictionPressureTransitionPeriod": "30s",
             "maxPods": 50,
         }
         self.config.write_text(json.dumps(config, indent=2))
@@ -510,8 +519,90 @@ class CoreDNS(Component):
         return _http_ok(f"http://127.0.0.1:{self.ready_port}/ready")
 
 
+# What kube-network-policies v0.8.0 reads and writes (pods, namespaces and policies through informers; Events
+# through its recorder); nodes and the AdminNetworkPolicy API only with its ANP flags, which stay off here.
+NETPOL_SA = ("kube-system", "kube-network-policies")
+_NETPOL_RULES = [
+    {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+]
+
+
+def _netpol_rbac() -> dict[str, object]:
+    ns, name = NETPOL_SA
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+             "rules": _NETPOL_RULES},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
+        ],
+    }  # fmt: skip
+
+
+class NetworkPolicyAgent(Component):
+    """kube-network-policies on the host, in the host's network namespace, for this one node.
+
+    v0.8.0 has no kubeconfig flag: it only uses in-cluster config, which reads its ServiceAccount token from
+    the fixed path /var/run/secrets/kubernetes.io/serviceaccount. So it runs in a private mount namespace
+    (`unshare --mount`) where a tmpfs covers /run (the host's /var/run) and that path is bound to a directory of
+    the cluster holding a TokenRequest token of its own ServiceAccount (RBAC above) and the cluster CA; the
+    host's /run is not touched. It needs nothing else from /run: nftables and NFQUEUE are netlink, and its NRI
+    client (containerd 1.6 has no NRI) finds no socket and logs that it uses the API server's pod IPs only."""
+
+    name = "kube-network-policies"
+    binary = "/usr/bin/unshare"
+    token_hours = 168  # a cluster-up left running for a week keeps working; e2e sessions take minutes
+
+    def prepare(self, ctx: Context) -> None:
+        self.metrics_port = free_port()
+        sa_dir = ctx.directory / "node" / "netpol-serviceaccount"
+        sa_dir.mkdir(parents=True, exist_ok=True)
+        setup = ctx.write_kubeconfig("netpol-setup", "ftjob-netpol-setup", ("system:masters",))
+        kubectl = [str(bins.ensure_binary("kubectl")), f"--kubeconfig={setup}"]
+        subprocess.run([*kubectl, "apply", "-f", "-"], input=json.dumps(_netpol_rbac()).encode(),
+                       check=True, capture_output=True)  # fmt: skip
+        ns, name = NETPOL_SA
+        token = subprocess.run([*kubectl, "-n", ns, "create", "token", name, f"--duration={self.token_hours}h"],
+                               check=True, capture_output=True).stdout.decode().strip()  # fmt: skip
+        (sa_dir / "token").write_text(token + "\n")
+        (sa_dir / "token").chmod(0o600)
+        shutil.copyfile(ctx.ca.pair.cert, sa_dir / "ca.crt")
+        (sa_dir / "namespace").write_text(ns)
+        api_port = ctx.endpoints["kube-apiserver"].rsplit(":", 1)[1]
+        secrets = "/run/secrets/kubernetes.io/serviceaccount"
+        self.setup_script = (
+            f"mount -t tmpfs -o mode=0755 ftjob-netpol /run && mkdir -p {secrets} && "
+            f"mount --bind {shlex.quote(str(sa_dir))} {secrets} && "
+            f"export KUBERNETES_SERVICE_HOST={ctx.api_address} KUBERNETES_SERVICE_PORT={api_port} && "
+            'exec "$0" "$@"'
+        )
+
+    def args(self, ctx: Context) -> list[str]:
+        # unshare execs sh, which execs the agent: one pid, whose command line names the agent (stop_detached).
+        return [
+            "--mount", "--propagation", "private", "sh", "-c", self.setup_script,
+            str(bins.ensure_binary("kube-network-policies")),
+            f"--hostname-override={NODE_NAME}",  # only pods bound to this node are policed
+            f"--nfqueue-id={NETPOL_QUEUE}",
+            f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
+            "--v=2",  # one line per verdict: the log says which connection a policy dropped
+        ]  # fmt: skip
+
+    def healthy(self, ctx: Context) -> bool:
+        # Its table appears once its informers synced and it wrote its rules; before that nothing is enforced.
+        table = _run("nft", "list", "table", *NETPOL_TABLE, check=False).returncode == 0
+        return table and _http_ok(f"http://127.0.0.1:{self.metrics_port}/metrics")
+
+
 def node_components(containerd_root: Path) -> list[Component]:
-    """The control plane on NODE_IP, then the node, in start order."""
+    """The control plane on NODE_IP, then the node, in start order; the NetworkPolicy agent only where
+    `network_policy_unavailable_reason()` is None (the node runs without enforcement otherwise)."""
     apiserver = KubeApiserver(
         extra_args=[
             # The `kubernetes` Service's endpoint is NODE_IP (lease reconciler), which pods can route to.
@@ -519,9 +610,10 @@ def node_components(containerd_root: Path) -> list[Component]:
             "--kubelet-preferred-address-types=InternalIP",
         ]
     )
+    agent: list[Component] = [] if network_policy_unavailable_reason() else [NetworkPolicyAgent()]
     return [
         Etcd(), apiserver, KubeControllerManager(), KubeScheduler(),
-        Containerd(containerd_root), Kubelet(), KubeProxy(), CoreDNS(),
+        Containerd(containerd_root), Kubelet(), KubeProxy(), CoreDNS(), *agent,
     ]  # fmt: skip
 
 
@@ -630,4 +722,6 @@ def leftovers(node_dir: Path) -> list[str]:
               if m.startswith(roots)]  # fmt: skip
     found += [f"cgroup {h}/kubepods" for h in Path("/sys/fs/cgroup").iterdir() if (h / "kubepods").is_dir()]
     found += [f"path {p}" for p in (str(RUN_DIR),) if Path(p).exists()]
+    if shutil.which("nft") is not None and _run("nft", "list", "table", *NETPOL_TABLE, check=False).returncode == 0:
+        found.append(f"nftables table {' '.join(NETPOL_TABLE)}")
     return found
