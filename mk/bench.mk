@@ -9,7 +9,7 @@ BENCH_PEER_ROUNDS ?= 1
 
 .PHONY: bench bench-quick bench-render bench-operator bench-runtime bench-data bench-compile-cache bench-gpu bench-peer peer-bin
 
-bench: bench-render bench-data bench-runtime $(if $(QUICK),,bench-compile-cache) bench-operator bench-peer ## Every benchmark; results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
+bench: bench-render bench-data bench-runtime $(if $(QUICK),,bench-compile-cache) bench-operator ## Every benchmark but the Kubeflow peer comparison (make bench-peer: 13 minutes alone under load); results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
 
 bench-quick: ## The whole benchmark set in its short form (make bench QUICK=1)
 	$(MAKE) bench QUICK=1
