@@ -12,6 +12,9 @@ as here (bound to the operator's real ClusterRoles from manifests/rbac/rbac.yaml
    Latency per job (p50/p95/max), makespan, and the operator's requests by verb from the audit log.
 3. steady: every pod is reported Running (as a kubelet would) and the operator's request rate is measured
    over a window while nothing changes: the per-job cost of keeping jobs watched and their progress fresh.
+4. wide: one job of `--ranks` ranks (64), raw and operator: time until all its children exist, and requests.
+5. delete: every job is deleted and its pods removed; the operator's RSS once its loops and indexes let go.
+The operator's CPU seconds and RSS (current and peak, VmHWM) come from /proc at each step.
 
 Numbers depend on the machine: compare runs on one machine, never against a fixed threshold.
 """
@@ -73,6 +76,23 @@ def job_manifest(name: str, namespace: str) -> dict[str, Any]:
     return job
 
 
+def wide_manifest(name: str, namespace: str, ranks: int) -> dict[str, Any]:
+    """The sample with `ranks` pods (torchrun, one process each): 1 Service, 1 ConfigMap and `ranks` pods."""
+    job = job_manifest(name, namespace)
+    job["spec"]["hardware"]["nodes"] = ranks
+    return job
+
+
+def proc_stats(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system, all threads) and RSS / peak RSS (VmHWM) in MiB of a live process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of proc(5))
+    mem = {k: int(v.split()[0]) / 1024 for k, v in (line.split(":", 1) for line in
+           Path(f"/proc/{pid}/status").read_text().splitlines()) if k in ("VmRSS", "VmHWM")}  # fmt: skip
+    return {"cpuSeconds": round(cpu, 2), "rssMiB": round(mem["VmRSS"], 1), "peakRssMiB": round(mem["VmHWM"], 1)}
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -107,14 +127,17 @@ class Bench:
         return name
 
     # --- 1. raw ------------------------------------------------------------------------------------------
-    def raw(self, jobs: int) -> dict[str, Any]:
-        ns = self.namespace("bench-raw")
+    def raw(self, jobs: int, ranks: int | None = None) -> dict[str, Any]:
+        """`jobs` copies of the sample, or (`ranks`) one job of that many ranks."""
+        ns = self.namespace("bench-raw" if ranks is None else "bench-raw-wide")
         objs: list[dict[str, Any]] = []
         for i in range(jobs):
-            job = validate(job_manifest(f"raw-{i}", ns))
+            manifest = job_manifest(f"raw-{i}", ns) if ranks is None else wide_manifest(f"raw-{i}", ns, ranks)
+            job = validate(manifest)
             job["metadata"]["uid"] = f"00000000-0000-0000-0000-{i:012d}"
             children = desired(job, ssh_keys=generate_keys(f"raw-{i}"))
-            assert len(children.pods) == PODS_PER_JOB, f"{SAMPLE.name} no longer has {PODS_PER_JOB} pods"
+            want = PODS_PER_JOB if ranks is None else ranks
+            assert len(children.pods) == want, f"{SAMPLE.name} no longer makes {want} pods"
             for obj in children.all():
                 obj["metadata"].pop("ownerReferences", None)  # no such owner exists; GC would remove them
                 objs.append(obj)
@@ -128,15 +151,18 @@ class Bench:
                 "threads": RAW_THREADS}  # fmt: skip
 
     # --- 2. operator ---------------------------------------------------------------------------------------
-    def operator(self, jobs: int) -> tuple[dict[str, Any], str]:
-        ns = self.namespace("bench-op")
+    def operator(self, jobs: int, pid: int, ranks: int | None = None) -> tuple[dict[str, Any], str]:
+        """`jobs` copies of the sample, or (`ranks`) one job of that many ranks."""
+        ns = self.namespace("bench-op" if ranks is None else "bench-op-wide")
+        pods_per_job = PODS_PER_JOB if ranks is None else ranks
         mark = count_requests(self.audit_log, OPERATOR_USER)
+        before = proc_stats(pid)
         created: dict[str, float] = {}
         start = time.monotonic()
         for i in range(jobs):
             name = f"job-{i}"
-            self.custom.create_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs",
-                                                        job_manifest(name, ns))
+            manifest = job_manifest(name, ns) if ranks is None else wide_manifest(name, ns, ranks)
+            self.custom.create_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs", manifest)
             created[name] = time.monotonic()
         done: dict[str, float] = {}
         deadline = time.monotonic() + max(120, jobs * 3)
@@ -149,9 +175,10 @@ class Bench:
             services = {s.metadata.name for s in self.core.list_namespaced_service(ns).items}
             now = time.monotonic()
             for name, count in per_job.items():
-                if name not in done and count == PODS_PER_JOB and name in services:
+                if name not in done and count == pods_per_job and name in services:
                     done[name] = now
             time.sleep(0.2)
+        after = proc_stats(pid)
         latencies = [done[n] - created[n] for n in created]
         used = count_requests(self.audit_log, OPERATOR_USER) - mark
         result = {
@@ -162,6 +189,9 @@ class Bench:
                                "p95": round(percentile(latencies, 0.95), 3), "max": round(max(latencies), 3)},
             "requests": dict(sorted(used.items())),
             "requestsPerJob": round(sum(used.values()) / jobs, 1),
+            # Until the last job's children exist (the poll's 0.2 s granularity included).
+            "cpuMsPerJob": round((after["cpuSeconds"] - before["cpuSeconds"]) * 1000 / jobs, 1),
+            "process": after,
         }  # fmt: skip
         return result, ns
 
@@ -186,10 +216,30 @@ class Bench:
                 "requestsPerJobPerMinute": round(total / window * 60 / jobs, 1)}  # fmt: skip
 
 
+    # --- 5. delete -------------------------------------------------------------------------------------------
+    def delete(self, namespaces: list[str], pid: int, settle: float) -> dict[str, Any]:
+        """Delete every job, then their pods at once (no kubelet finishes a graceful deletion here); RSS once
+        the operator's daemons have stopped and `settle` seconds have passed."""
+        for ns in namespaces:
+            self.custom.delete_collection_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs")
+
+        def gone() -> bool:
+            return all(not self.custom.list_namespaced_custom_object("finetune.dev", "v1alpha1", ns,
+                                                                     "finetunejobs")["items"] for ns in namespaces)
+
+        wait_for(gone, timeout=300, message="every FineTuneJob deleted (finalizers released)")
+        for ns in namespaces:
+            self.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        time.sleep(settle)
+        return proc_stats(pid)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=50)
     ap.add_argument("--window", type=float, default=30.0, help="seconds of steady-state measurement")
+    ap.add_argument("--ranks", type=int, default=64, help="ranks of the one wide job (0: skip it)")
+    ap.add_argument("--settle", type=float, default=15.0, help="seconds after deletion before the last RSS")
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
     args = ap.parse_args()
 
@@ -207,11 +257,26 @@ def main() -> int:
         operator_kubeconfig = bench.install()
         results["raw"] = bench.raw(args.jobs)
         print(f"raw: {results['raw']}", flush=True)
-        with running_operator(operator_kubeconfig, wait_for, work / "operator.log"):
-            results["operator"], ns = bench.operator(args.jobs)
+        if args.ranks:
+            results["rawWide"] = bench.raw(1, args.ranks)
+            print(f"raw wide: {results['rawWide']}", flush=True)
+        with running_operator(operator_kubeconfig, wait_for, work / "operator.log") as op:
+            pid = op.process.pid
+            time.sleep(2)
+            results["rest"] = proc_stats(pid)
+            print(f"operator at rest: {results['rest']}", flush=True)
+            results["operator"], ns = bench.operator(args.jobs, pid)
             print(f"operator: {results['operator']}", flush=True)
             results["steady"] = bench.steady(ns, args.jobs, args.window)
             print(f"steady: {results['steady']}", flush=True)
+            namespaces = [ns]
+            if args.ranks:
+                results["wide"], wide_ns = bench.operator(1, pid, args.ranks)
+                namespaces.append(wide_ns)
+                print(f"operator wide: {results['wide']}", flush=True)
+            results["peak"] = proc_stats(pid)
+            results["deleted"] = bench.delete(namespaces, pid, args.settle)
+            print(f"operator after deletion: {results['deleted']}", flush=True)
             results["watches"] = watch_uris(audit_log, OPERATOR_USER)
     print(report(results))
     if args.json:
@@ -233,6 +298,12 @@ def report(r: dict[str, Any]) -> str:
         f"| operator: API requests per job until then | {op['requestsPerJob']} |",
         f"| operator, steady state (all Running): requests/s | {st['requestsPerSecond']} |",
         f"| ... per job per minute | {st['requestsPerJobPerMinute']} |",
+        f"| operator CPU per job until its children exist | {op['cpuMsPerJob']} ms |",
+        f"| operator RSS at rest / peak / after deletion | {r['rest']['rssMiB']} / {r['peak']['peakRssMiB']} / "
+        f"{r['deleted']['rssMiB']} MiB |",
+        *([f"| 1 job x {r['rawWide']['objects'] - 2} ranks: raw / operator, all children | "
+           f"{r['rawWide']['seconds']} / {r['wide']['makespanSeconds']} s |",
+           f"| ... operator requests until then | {r['wide']['requestsPerJob']} |"] if "wide" in r else []),
     ])  # fmt: skip
 
 
