@@ -14,6 +14,11 @@
 
 A create refused with 403 NamespaceTerminating is skipped (logged, not raised): the namespace is being
 deleted, the job with it, and retrying cannot succeed.
+
+One `Kube` serves every job loop of an operator (handlers.py): one connection pool, so a pass reuses open TLS
+connections instead of making its own. Writes whose answer nothing reads (creates, deletes, events) ask the
+client not to parse it into its model classes (`_preload_content=False`): that parsing was most of the CPU a
+create cost on the operator's side.
 """
 
 from __future__ import annotations
@@ -52,28 +57,52 @@ def _namespace_terminating(e: ApiException) -> bool:
     return any(c.get("reason") == "NamespaceTerminating" for c in causes)
 
 
+# Connections the shared client keeps open: the job loops' worker threads plus the bounded create pool
+# (controller.CREATE_CONCURRENCY), with room to spare. The client's own default is 5 per CPU.
+POOL_CONNECTIONS = 32
+
+
+# Repeated Events whose count is remembered (one shared client serves every job: bounded, oldest first out).
+EVENT_COUNTS_KEPT = 4096
+
+
+def _unread(response: Any) -> None:
+    """Drain a `_preload_content=False` answer so that its connection goes back to the pool."""
+    response.data  # noqa: B018  (reading it is the point)
+    response.release_conn()
+
+
+def shared_client() -> client.ApiClient:
+    """An API client on the default configuration (what kopf's login loaded), with POOL_CONNECTIONS."""
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = POOL_CONNECTIONS
+    return client.ApiClient(cfg)
+
+
 class Kube:
     def __init__(self, api: client.ApiClient | None = None):
         self.api = api or client.ApiClient()
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.networking = client.NetworkingV1Api(self.api)
-        self._event_counts: dict[str, int] = {}  # Event name -> count last written (see event())
+        self._event_counts: dict[str, int] = {}  # Event name -> count last written (see event()), bounded
 
     # -- children -------------------------------------------------------------------------------------------
     def _create_call(self, kind: str, ns: str, body: Any) -> Any:
+        # _preload_content=False: the answer is not read (see the module's docstring).
         if kind == "Pod":
-            return self.core.create_namespaced_pod(ns, body)
+            return self.core.create_namespaced_pod(ns, body, _preload_content=False)
         if kind == "Service":
-            return self.core.create_namespaced_service(ns, body)
+            return self.core.create_namespaced_service(ns, body, _preload_content=False)
         if kind == "ConfigMap":
-            return self.core.create_namespaced_config_map(ns, body)
+            return self.core.create_namespaced_config_map(ns, body, _preload_content=False)
         if kind == "Secret":
-            return self.core.create_namespaced_secret(ns, body)
+            return self.core.create_namespaced_secret(ns, body, _preload_content=False)
         if kind == "NetworkPolicy":
-            return self.networking.create_namespaced_network_policy(ns, body)
+            return self.networking.create_namespaced_network_policy(ns, body, _preload_content=False)
         if kind == "Workload":
-            return self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, body)
+            return self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, body,
+                                                               _preload_content=False)  # fmt: skip
         raise ValueError(f"unsupported kind {kind}")
 
     def _read(self, kind: str, ns: str, name: str) -> dict[str, Any]:
@@ -98,7 +127,7 @@ class Kube:
         """Create a child; True if created, False if it already existed and is ours."""
         kind, meta = obj["kind"], obj["metadata"]
         try:
-            self._create_call(kind, meta["namespace"], obj)
+            _unread(self._create_call(kind, meta["namespace"], obj))
             return True
         except ApiException as e:
             if e.status == 403 and _namespace_terminating(e):
@@ -121,7 +150,7 @@ class Kube:
 
     def delete_pod(self, ns: str, name: str) -> None:
         try:
-            self.core.delete_namespaced_pod(name, ns, grace_period_seconds=30)
+            _unread(self.core.delete_namespaced_pod(name, ns, grace_period_seconds=30, _preload_content=False))
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -164,17 +193,21 @@ class Kube:
                 return None
             raise
 
-    def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-        """Merge-patch the status subresource; keys that disappeared are sent as null."""
+    def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the status subresource; keys that disappeared are sent as null. Returns the job as the
+        API server holds it after the patch (None when nothing was sent or the job is gone)."""
         patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
         patch.update({k: None for k in old if k not in new})
         if not patch:
-            return
+            return None
         try:
-            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name, {"status": patch})
+            obj: Any = self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name,
+                                                                         {"status": patch})  # fmt: skip
+            return dict(obj)
         except ApiException as e:
             if e.status != 404:
                 raise
+            return None
 
     def delete_job(self, ns: str, name: str) -> None:
         try:
@@ -217,12 +250,13 @@ class Kube:
         }
         try:
             try:
-                self.core.create_namespaced_event(ns, body)
+                _unread(self.core.create_namespaced_event(ns, body, _preload_content=False))
             except ApiException as e:
                 if e.status != 409:
                     raise
                 count = self._event_counts.get(name, 1) + 1
-                self.core.patch_namespaced_event(name, ns, {"count": count, "lastTimestamp": now})
+                _unread(self.core.patch_namespaced_event(name, ns, {"count": count, "lastTimestamp": now},
+                                                         _preload_content=False))
                 self._event_counts[name] = count
         except ApiException as e:  # events are best effort: never fail a reconcile on them
             log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)
