@@ -10,8 +10,10 @@ as here (bound to the operator's real ClusterRoles from manifests/rbac/rbac.yaml
    client the operator uses, 8 threads): the ceiling for getting these objects into this API server.
 2. operator: N FineTuneJobs are created at once; the clock stops for a job when all its children exist.
    Latency per job (p50/p95/max), makespan, and the operator's requests by verb from the audit log.
-3. steady: every pod is reported Running (as a kubelet would) and the operator's request rate is measured
-   over a window while nothing changes: the per-job cost of keeping jobs watched and their progress fresh.
+3. steady: every pod is reported Running (as a kubelet would) and placed on a node whose kubelet endpoint serves
+   rank 0's log (tests' NodeLogs: the API server proxies `pods/log` to it with its real kubelet client), and a
+   new progress line is appended to every job's log every `--log-every` seconds, so every read finds a change.
+   The operator's request rate is measured over a window: the per-job cost of a training job.
 4. wide: one job of `--ranks` ranks (64), raw and operator: time until all its children exist, and requests.
 5. delete: every job is deleted and its pods removed; the operator's RSS once its loops and indexes let go.
 The operator's CPU seconds and RSS (current and peak, VmHWM) come from /proc at each step.
@@ -28,6 +30,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -43,12 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The integration tests' helpers: the operator started and the CRD installed exactly as the tests do it.
 sys.path.insert(0, str(ROOT / "tests" / "controlplane"))
 from auditlog import count_requests, policy_for_user, watch_uris  # noqa: E402
-from operator_support import Kubelet, install_crd, running_operator  # noqa: E402
+from operator_support import Kubelet, NodeLogs, install_crd, running_operator  # noqa: E402
 
 from finetune_operator.admission import validate  # noqa: E402
 from finetune_operator.builders import desired  # noqa: E402
 from finetune_operator.k8s import Kube  # noqa: E402
 from finetune_operator.sshkeys import generate_keys  # noqa: E402
+from finetune_runtime.progress import format_line  # noqa: E402
 from ftjob_cluster import bins  # noqa: E402
 from ftjob_cluster.localcluster import (  # noqa: E402
     Etcd,
@@ -196,23 +200,50 @@ class Bench:
         return result, ns
 
     # --- 3. steady state -------------------------------------------------------------------------------------
-    def steady(self, ns: str, jobs: int, window: float) -> dict[str, Any]:
+    def steady(self, ns: str, jobs: int, window: float, log_every: float) -> dict[str, Any]:
         kubelet = Kubelet(self.api, ns, finalize_deletions=False)
+        node = NodeLogs(self.api, self.cluster.directory / "pki", "bench-node")
+        # Only the rank-0 pods go there (a binding ignores taints): the scheduler places nothing else.
+        self.core.patch_node("bench-node", {"spec": {"taints": [{"key": "bench", "effect": "NoSchedule"}]}})
+        keys = []
         for pod in self.core.list_namespaced_pod(ns, label_selector="finetune.dev/job-name").items:
-            kubelet.set_status(pod.metadata.name, "Running")
+            name = pod.metadata.name
+            if name.endswith("-rank-0"):
+                try:
+                    node.bind(ns, name)
+                except client.ApiException as e:
+                    if e.status != 409:  # the scheduler placed it there first (the only node)
+                        raise
+                keys.append((ns, name, "trainer"))
+                node.logs[keys[-1]] = ""
+            kubelet.set_status(name, "Running")
+        stop = threading.Event()
+
+        def train() -> None:  # every job's rank 0 logs a new step every log_every seconds
+            step = 0
+            while not stop.wait(log_every):
+                step += 1
+                line = format_line("train", step=step, totalSteps=100_000, loss=round(2.0 - step / 1000, 4)) + "\n"
+                for key in keys:
+                    node.logs[key] = line  # the tail is all the operator reads
 
         def all_running() -> bool:
             items = self.custom.list_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs")["items"]
             return sum((j.get("status") or {}).get("phase") == "Running" for j in items) == jobs
 
         wait_for(all_running, timeout=max(120, jobs * 2), message="every job Running")
+        writer = threading.Thread(target=train, daemon=True)
+        writer.start()
         time.sleep(2)  # let the passes the Running transition triggered finish
         mark = count_requests(self.audit_log, OPERATOR_USER)
         time.sleep(window)
         used = count_requests(self.audit_log, OPERATOR_USER) - mark
+        stop.set()
+        writer.join()
+        node.close()
         total = sum(used.values())
-        return {"jobs": jobs, "windowSeconds": window, "requests": dict(sorted(used.items())),
-                "requestsPerSecond": round(total / window, 2),
+        return {"jobs": jobs, "windowSeconds": window, "logLineEverySeconds": log_every,
+                "requests": dict(sorted(used.items())), "requestsPerSecond": round(total / window, 2),
                 "requestsPerJobPerMinute": round(total / window * 60 / jobs, 1)}  # fmt: skip
 
 
@@ -237,7 +268,8 @@ class Bench:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=50)
-    ap.add_argument("--window", type=float, default=30.0, help="seconds of steady-state measurement")
+    ap.add_argument("--window", type=float, default=120.0, help="seconds of steady-state measurement")
+    ap.add_argument("--log-every", type=float, default=5.0, help="seconds between progress lines in every log")
     ap.add_argument("--ranks", type=int, default=64, help="ranks of the one wide job (0: skip it)")
     ap.add_argument("--settle", type=float, default=15.0, help="seconds after deletion before the last RSS")
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
@@ -267,7 +299,7 @@ def main() -> int:
             print(f"operator at rest: {results['rest']}", flush=True)
             results["operator"], ns = bench.operator(args.jobs, pid)
             print(f"operator: {results['operator']}", flush=True)
-            results["steady"] = bench.steady(ns, args.jobs, args.window)
+            results["steady"] = bench.steady(ns, args.jobs, args.window, args.log_every)
             print(f"steady: {results['steady']}", flush=True)
             namespaces = [ns]
             if args.ranks:
@@ -296,7 +328,7 @@ def report(r: dict[str, Any]) -> str:
         f"| operator: all jobs' children created (makespan) | {op['makespanSeconds']} s |",
         f"| operator: job created -> children exist, p50 / p95 / max | {lat['p50']} / {lat['p95']} / {lat['max']} s |",
         f"| operator: API requests per job until then | {op['requestsPerJob']} |",
-        f"| operator, steady state (all Running): requests/s | {st['requestsPerSecond']} |",
+        f"| operator, steady state (all Running, every log changing): requests/s | {st['requestsPerSecond']} |",
         f"| ... per job per minute | {st['requestsPerJobPerMinute']} |",
         f"| operator CPU per job until its children exist | {op['cpuMsPerJob']} ms |",
         f"| operator RSS at rest / peak / after deletion | {r['rest']['rssMiB']} / {r['peak']['peakRssMiB']} / "
