@@ -159,7 +159,8 @@ class Bench:
         """`jobs` copies of the sample, or (`ranks`) one job of that many ranks."""
         ns = self.namespace("bench-op" if ranks is None else "bench-op-wide")
         pods_per_job = PODS_PER_JOB if ranks is None else ranks
-        mark = count_requests(self.audit_log, OPERATOR_USER)
+        # This namespace's requests only: the jobs of an earlier step keep reading their logs meanwhile.
+        mark = count_requests(self.audit_log, OPERATOR_USER, ns)
         before = proc_stats(pid)
         created: dict[str, float] = {}
         start = time.monotonic()
@@ -184,7 +185,7 @@ class Bench:
             time.sleep(0.2)
         after = proc_stats(pid)
         latencies = [done[n] - created[n] for n in created]
-        used = count_requests(self.audit_log, OPERATOR_USER) - mark
+        used = count_requests(self.audit_log, OPERATOR_USER, ns) - mark
         result = {
             "jobs": jobs,
             "createSeconds": round(max(created.values()) - start, 3),

@@ -17,6 +17,7 @@ import contextlib
 import copy
 import ctypes
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -136,12 +137,22 @@ def apply(api: Api, job: dict[str, Any], old_status: dict[str, Any], plan: Plan)
     return patched
 
 
-def fingerprint(job: Mapping[str, Any], status: Mapping[str, Any]) -> str:
-    """A job's uid, generation and the status as one comparable string (keys with null values are absent, as
-    the API server stores a merge patch)."""
+def fingerprint(job: Mapping[str, Any], status: Mapping[str, Any]) -> bytes:
+    """A job's uid, generation and the status as one short digest (keys with null values are absent, as the API
+    server stores a merge patch)."""
     meta = job.get("metadata") or {}
     live = {k: v for k, v in status.items() if v is not None}
-    return json.dumps([meta.get("uid"), meta.get("generation"), live], sort_keys=True, default=str)
+    text = json.dumps([meta.get("uid"), meta.get("generation"), live], sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def lean(job: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The job without metadata.managedFields (what a loop keeps of it: reconcile never reads them)."""
+    if job is None:
+        return None
+    out = dict(job)
+    out["metadata"] = {k: v for k, v in (job.get("metadata") or {}).items() if k != "managedFields"}
+    return out
 
 
 def create_all(api: Api, objects: list[dict[str, Any]]) -> None:
@@ -195,11 +206,11 @@ class JobLoop:
         self.next_pass = clock()  # the first pass is due at once
         self.failures = 0
         self.passes = 0
-        self.job: dict[str, Any] | None = copy.deepcopy(dict(body)) if body is not None else None
+        self.job: dict[str, Any] | None = lean(copy.deepcopy(dict(body))) if body is not None else None
         self.job_at = clock()  # when `job` came from the API
         self.uid: str | None = body["metadata"].get("uid") if body is not None else None  # else the first read's
         self.gone = False  # the job was deleted (or replaced by a new one of the same name): the loop ends
-        self.echoes: deque[str] = deque(maxlen=ECHOES_KEPT)
+        self.echoes: deque[bytes] = deque(maxlen=ECHOES_KEPT)
         self.followed: tuple[dict[str, Any], dict[str, Any]] | None = None
         self.progress_read_at: float | None = None
         self.made: dict[str, str] = {}
@@ -238,7 +249,7 @@ class JobLoop:
 
     def _remember(self, patched: dict[str, Any] | None, sent: bool, raw: dict[str, Any]) -> None:
         """After a status write: the job as the API server answered it; unchanged when nothing was sent."""
-        self.job = patched if sent else raw  # None (gone, or a fake API that answers nothing): read it fresh
+        self.job = lean(patched) if sent else raw  # None (gone, or a fake API that answers nothing): read it fresh
         if sent:
             self.job_at = self.clock()
 
@@ -348,7 +359,7 @@ class JobLoop:
         ns, name = self.key
         raw = self.job
         if raw is None:
-            raw = self.job = self.api.get_job(ns, name)
+            raw = self.job = lean(self.api.get_job(ns, name))
             self.job_at = self.clock()
         if raw is None or (self.uid or raw["metadata"].get("uid")) != raw["metadata"].get("uid"):
             self.gone, self.followed, self.job = True, None, None

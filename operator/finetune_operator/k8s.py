@@ -29,7 +29,11 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+# The client loads its API classes (and the models they name) on first use: seconds of CPU for CoreV1Api. Named
+# here, they load when the operator starts, not inside the first job's pass, which would hold up kopf's event
+# loop and with it every other job (benchmarks/README.md).
 from kubernetes import client
+from kubernetes.client import CoreV1Api, CustomObjectsApi, NetworkingV1Api, V1DeleteOptions
 from kubernetes.client.exceptions import ApiException
 
 from .constants import GROUP, KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOADS, PLURAL, VERSION
@@ -82,9 +86,9 @@ def shared_client() -> client.ApiClient:
 class Kube:
     def __init__(self, api: client.ApiClient | None = None):
         self.api = api or client.ApiClient()
-        self.core = client.CoreV1Api(self.api)
-        self.custom = client.CustomObjectsApi(self.api)
-        self.networking = client.NetworkingV1Api(self.api)
+        self.core = CoreV1Api(self.api)
+        self.custom = CustomObjectsApi(self.api)
+        self.networking = NetworkingV1Api(self.api)
         self._event_counts: dict[str, int] = {}  # Event name -> count last written (see event()), bounded
 
     # -- children -------------------------------------------------------------------------------------------
@@ -212,7 +216,7 @@ class Kube:
     def delete_job(self, ns: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, ns, PLURAL, name, body=client.V1DeleteOptions(propagation_policy="Background")
+                GROUP, VERSION, ns, PLURAL, name, body=V1DeleteOptions(propagation_policy="Background")
             )
         except ApiException as e:
             if e.status != 404:
