@@ -256,8 +256,11 @@ class Bench:
             self.custom.delete_collection_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs")
 
         def gone() -> bool:
-            return all(not self.custom.list_namespaced_custom_object("finetune.dev", "v1alpha1", ns,
-                                                                     "finetunejobs")["items"] for ns in namespaces)
+            try:
+                return all(not self.custom.list_namespaced_custom_object("finetune.dev", "v1alpha1", ns,
+                                                                         "finetunejobs")["items"] for ns in namespaces)
+            except Exception:  # a LIST cut short under load: ask again
+                return False
 
         wait_for(gone, timeout=300, message="every FineTuneJob deleted (finalizers released)")
         for ns in namespaces:

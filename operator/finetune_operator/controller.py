@@ -171,6 +171,22 @@ def create_all(api: Api, objects: list[dict[str, Any]]) -> None:
 
 
 @dataclass(frozen=True)
+class _Planned:
+    """A pass's reading of the job and its plan (JobLoop._plan -> JobLoop._apply)."""
+
+    raw: dict[str, Any]  # the job as read
+    job: dict[str, Any]  # validated, defaults applied
+    old_status: dict[str, Any]
+    plan: Plan
+    now: datetime
+
+    def acts(self) -> bool:
+        """Whether the plan changes more than the status's details: creates, deletes, or a new phase."""
+        p = self.plan
+        return bool(p.create or p.delete_pods or p.delete_job or p.status.get("phase") != self.old_status.get("phase"))
+
+
+@dataclass(frozen=True)
 class Pause:
     """How long the loop sleeps after a step."""
 
@@ -356,6 +372,19 @@ class JobLoop:
     # -- the pass -------------------------------------------------------------------------------------------------
     def reconcile_once(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> float:
         """One full pass. Returns seconds until the next one unless something wakes the loop earlier."""
+        for fresh in (self.job is None, True):
+            wait, planned = self._plan(pods, objects)
+            # A pass from the loop's copy acts (creates, deletes, a new phase) only on a fresh read: another
+            # writer (a second operator, a stuck old replica) may have moved the job on since that copy
+            # (tests/faults: two operators racing). The first pass (kopf's body, a new job) creates at once.
+            if fresh or planned is None or not planned.acts() or self.passes <= 1:
+                break
+            self.job = None
+        return wait if planned is None else self._apply(planned)
+
+    def _plan(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> tuple[float, _Planned | None]:
+        """The job (the loop's copy, or read fresh) and the plan for it; (seconds, None) when there is nothing
+        to apply."""
         ns, name = self.key
         raw = self.job
         if raw is None:
@@ -364,12 +393,12 @@ class JobLoop:
         if raw is None or (self.uid or raw["metadata"].get("uid")) != raw["metadata"].get("uid"):
             self.gone, self.followed, self.job = True, None, None
             clear_job(ns, name)
-            return math.inf
+            return math.inf, None
         self.uid = raw["metadata"].get("uid")
         if raw["metadata"].get("deletionTimestamp"):
             self.followed = None
             clear_job(ns, name)
-            return IDLE_REQUEUE_S
+            return IDLE_REQUEUE_S, None
         old_status = dict(raw.get("status") or {})
         now = self.now()
         try:
@@ -384,14 +413,19 @@ class JobLoop:
                 self.api.event(raw, "Warning", "InvalidSpec", msg)
                 self._intend(raw, status)
                 self._remember(self.api.patch_status(ns, name, old_status, status), True, raw)
-            return math.inf  # a spec change (a watch event) is all that can change this
+            return math.inf, None  # a spec change (a watch event) is all that can change this
         job["status"] = raw.get("status") or {}
         prog = self._read_progress(job, old_status) if old_status.get("phase") in FOLLOWED else None
         seen = {**objects, **self.made}
         # Queued jobs: the Workload, read fresh (no watch: Kueue's CRDs may not exist where no job is queued).
         wl = self.api.get_workload(ns, name) if (job["spec"].get("runPolicy") or {}).get("queueName") else None
         observed = Observed(pods, seen, now, prog, functools.partial(generate_keys, name), workload=wl)
-        plan = reconcile(job, observed, self.config)
+        return 0.0, _Planned(raw, job, old_status, reconcile(job, observed, self.config), now)
+
+    def _apply(self, planned: _Planned) -> float:
+        """Applies a pass's plan; returns seconds until the next pass."""
+        ns, name = self.key
+        raw, job, old_status, plan, now = planned.raw, planned.job, planned.old_status, planned.plan, planned.now
         self._intend(raw, plan.status)
         try:
             patched = apply(self.api, job, old_status, plan)

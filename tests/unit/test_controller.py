@@ -448,12 +448,34 @@ def test_a_pass_woken_by_its_children_reads_no_job_and_its_own_status_echo_wakes
     assert w.reads() == 1 and w.api.job["status"]["phase"] == "Pending"
     w.loop.job_event(copy.deepcopy(w.api.job))  # the watch event of that status write
     assert not w.loop.pass_due(), "the loop's own status write woke a pass"
-    w.running()
-    for pod in w.pods:
-        w.loop.child_event(f"Pod/{pod['metadata']['name']}")
+    for pod in w.api.created:
+        if pod["kind"] == "Pod":
+            w.loop.child_event(f"Pod/{pod['metadata']['name']}")
+    w.pods = [copy.deepcopy(o) | {"status": {"phase": "Pending"}} for o in w.api.created if o["kind"] == "Pod"]
     w.step()
     assert w.passes() == 2 and w.reads() == 1  # the job as the patch answered it: no GET
-    assert w.api.job["status"]["phase"] == "Running"
+    w.running()
+    w.loop.child_event("Pod/j-rank-0")
+    w.step()  # a new phase is decided on a fresh read only (another writer may have moved the job on)
+    assert w.passes() == 3 and w.reads() == 2 and w.api.job["status"]["phase"] == "Running"
+
+
+def test_a_pass_from_the_loops_copy_deletes_nothing_before_reading_the_job_fresh() -> None:
+    """Two writers (a second operator): the other one counted a restart and made attempt 1's pods; this loop's
+    copy still says attempt 0, so those pods look stale to it. It reads the job before deleting anything."""
+    w = World()
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()  # Running, from a fresh read; the loop's copy is the patch's answer
+    w.api.job["status"]["restartCount"] = 1  # the other operator's write, whose watch event is still on its way
+    w.pods = [copy.deepcopy(p) for p in w.pods]
+    for pod in w.pods:
+        pod["metadata"]["labels"]["finetune.dev/attempt"] = "1"
+    w.loop.child_event("Pod/j-rank-0")
+    reads = w.reads()
+    w.step()
+    assert w.reads() == reads + 1 and not [c for c in w.api.calls if c.startswith("delete_pod")]
 
 
 def test_a_spec_change_or_deletion_is_read_fresh() -> None:
