@@ -4,7 +4,7 @@ so watch events on a job or its pods wake that job's loop; the operator's config
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -13,9 +13,9 @@ import kopf
 
 from . import constants as c
 from .controller import Children, JobLoop, Loops, network_policies
-from .k8s import Kube
+from .k8s import Kube, shared_client
 from .metrics import start_metrics_server
-from .reconcile import controller_uid
+from .reconcile import controller_uid, slim_child
 
 # Every object the operator makes carries this label; its watches ask the API server for these only.
 _OURS = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
@@ -38,13 +38,15 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.index("pods", id="job_pods", labels=_OURS)
 def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
-    """(namespace, job) -> its pods, kept current by the pod watch: a pass reads them here, not by a LIST.
+    """(namespace, job) -> its pods, kept current by the pod watch: a pass reads them here, not by a LIST. Each
+    entry is `reconcile.slim_child` of the pod: the fields reconcile reads, not the whole body.
 
-    The index can lag behind the operator's own writes by one watch event; reconcile tolerates that: a pod it
-    just created and does not see yet is created again and the 409 read back as its own; a pod it just
-    deleted and still sees belongs to an older attempt or is deleted again (404 ignored). The job itself is
-    always read fresh, so restarts are never counted twice."""
-    return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): copy.deepcopy(dict(body))}
+    The index can lag behind the operator's own writes by one watch event; the job's loop covers for it: a pod
+    it just created and the index does not show yet counts as existing (JobLoop.created), and one created again
+    anyway meets a 409 that is read back as its own; a pod it just deleted and still sees belongs to an older
+    attempt or is deleted again (404 ignored). The status the loop works from is what the API answered to its
+    own last write, or a fresh read, so restarts are never counted twice."""
+    return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): slim_child(body)}
 
 
 # The other children, by (namespace, job) -> ("Kind/name", uid of its controller owner), so a full pass makes no
@@ -64,26 +66,36 @@ def _child_indexer(kind: str) -> Any:
     return index
 
 
-def _wake_on_delete(type: str | None, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo,
-                    **_: Any) -> None:
-    """A child (or a foreign object holding a child's name) went away: the job may create it now."""
-    if type == "DELETED":
-        memo.loops.wake(namespace, labels.get(c.LABEL_JOB_NAME))
+def _on_child(kind: str) -> Any:
+    def event(type: str | None, name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo,
+              **_: Any) -> None:
+        """The index now shows the child; a deletion (of it, or of a foreign object holding a child's name)
+        wakes the job, which may create it now."""
+        loop = memo.loops.get(namespace or "", labels.get(c.LABEL_JOB_NAME, ""))
+        if loop is not None:
+            loop.child_event(f"{kind}/{name}", wake=type == "DELETED")
+
+    return event
 
 
 for _plural, _kind in _CHILD_INDEXES.items():
     kopf.index(_plural, id=f"job_{_plural}", labels=_OURS)(_child_indexer(_kind))
-    kopf.on.event(_plural, id=f"wake_{_plural}", labels=_OURS)(_wake_on_delete)
+    kopf.on.event(_plural, id=f"wake_{_plural}", labels=_OURS)(_on_child(_kind))
 
 
 @kopf.on.event("pods", labels=_OURS)
-def _pod_event(labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
-    memo.loops.wake(namespace, labels.get(c.LABEL_JOB_NAME))
+def _pod_event(name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    loop = memo.loops.get(namespace or "", labels.get(c.LABEL_JOB_NAME, ""))
+    if loop is not None:
+        loop.child_event(f"Pod/{name}")
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-def _job_event(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
-    memo.loops.wake(namespace, name)
+def _job_event(type: str | None, body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo,
+               **_: Any) -> None:
+    loop = memo.loops.get(namespace or "", name)
+    if loop is not None:
+        loop.job_event(body, deleted=type == "DELETED")
 
 
 # Why a job's children always come from the indexes, never from a LIST: kopf passes every registered index to
@@ -97,9 +109,8 @@ def _index_ids(config: Mapping[str, Any]) -> list[str]:
     return [f"job_{plural}" for plural in plurals]
 
 
-@kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, cancellation_timeout=10.0)
-async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopped, memo: kopf.Memo,
-                     **kwargs: Any) -> None:
+async def job_daemon(name: str, namespace: str | None, body: kopf.Body, stopped: kopf.DaemonStopped,
+                     memo: kopf.Memo, **kwargs: Any) -> None:
     key = (namespace or "default", name)
     config: Mapping[str, Any] = memo.config
     pods, *others = (kwargs[i] for i in _index_ids(config))
@@ -108,8 +119,29 @@ async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopp
         return list(pods.get(key, [])), dict(v for index in others for v in index.get(key, []))
 
     loops: Loops = memo.loops
-    with loops.running(JobLoop(*key, Kube(), config)) as loop:
-        await loop.run(lambda: bool(stopped), children)
+    # The first pass works from kopf's body of the job (as fresh as a read: it came with the watch that started
+    # this daemon) and reads it only when a watch event or a timer says so (controller.JobLoop.job).
+    api = loops.kube(lambda: Kube(shared_client()))
+    with loops.running(JobLoop(*key, api, config, body=body)) as loop:
+        await loop.run(lambda: bool(stopped), children)  # returns once the job is gone (JobLoop.gone)
+
+
+def _register_daemon() -> None:
+    """kopf.daemon, without the finalizer kopf puts on every object a daemon runs for. The finalizer would only
+    make a deletion wait for the daemon to stop; nothing needs to be cleaned up then (the children go by their
+    owner references), and it costs a patch of every job when it is created and another when it is deleted.
+    Without it the loop ends itself: a deletion's watch event wakes it, and a pass that finds the job gone (or
+    a new job of the same name) returns (controller.JobLoop.gone). Jobs that still carry the finalizer from an
+    earlier operator lose it at their next event (kopf removes a finalizer nothing requires)."""
+    private = kopf.OperatorRegistry()
+    kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, id="job_daemon", cancellation_timeout=10.0, registry=private)(job_daemon)
+    for handler in private._spawning.get_all_handlers():
+        kopf.get_default_registry()._spawning.append(dataclasses.replace(handler, requires_finalizer=False))
+
+
+_register_daemon()
+
+
 
 
 def run_operator(
@@ -123,7 +155,7 @@ def run_operator(
     if network_policies(config):
         plural, kind = _POLICY_INDEX
         kopf.index("networking.k8s.io", "v1", plural, id=f"job_{plural}", labels=_OURS)(_child_indexer(kind))
-        kopf.on.event("networking.k8s.io", "v1", plural, id=f"wake_{plural}", labels=_OURS)(_wake_on_delete)
+        kopf.on.event("networking.k8s.io", "v1", plural, id=f"wake_{plural}", labels=_OURS)(_on_child(kind))
     kopf.configure(verbose=verbose)
     kopf.run(
         memo=kopf.Memo(config=config, loops=Loops()),

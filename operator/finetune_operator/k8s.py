@@ -15,6 +15,12 @@
 
 A create refused with 403 NamespaceTerminating is skipped (logged, not raised): the namespace is being
 deleted, the job with it, and retrying cannot succeed.
+
+One `Kube` serves every job loop of an operator (handlers.py): one connection pool, so a pass reuses open TLS
+connections instead of making its own. Requests go through the client's generic `param_serialize`/`call_api`
+(its configuration, authentication and connection pool) with plain JSON in and out: the generated API classes
+(`CoreV1Api` and the models it names) cost about 70 MiB of RSS and seconds of CPU to load, and parsing answers
+into their model classes was most of the CPU a create cost on the operator's side (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -53,53 +59,75 @@ def _namespace_terminating(e: ApiException) -> bool:
     return any(c.get("reason") == "NamespaceTerminating" for c in causes)
 
 
+# Connections the shared client keeps open: the job loops' worker threads plus the bounded create pool
+# (controller.CREATE_CONCURRENCY), with room to spare. The client's own default is 5 per CPU.
+POOL_CONNECTIONS = 32
+
+
+# Repeated Events whose count is remembered (one shared client serves every job: bounded, oldest first out).
+EVENT_COUNTS_KEPT = 4096
+
+
+# Where each kind lives: (API prefix, plural). Workloads are Kueue's (constants).
+_PATHS = {
+    "Pod": ("/api/v1", "pods"),
+    "Service": ("/api/v1", "services"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Secret": ("/api/v1", "secrets"),
+    "Event": ("/api/v1", "events"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    "Workload": (f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}", KUEUE_WORKLOADS),
+    "FineTuneJob": (f"/apis/{GROUP}/{VERSION}", PLURAL),
+}
+
+
+def _path(kind: str, ns: str, name: str | None = None, sub: str | None = None) -> str:
+    if kind not in _PATHS:
+        raise ValueError(f"unsupported kind {kind}")
+    prefix, plural = _PATHS[kind]
+    return "/".join([f"{prefix}/namespaces/{ns}/{plural}", *([name] if name else []), *([sub] if sub else [])])
+
+
+def shared_client() -> client.ApiClient:
+    """An API client on the default configuration (what kopf's login loaded), with POOL_CONNECTIONS."""
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = POOL_CONNECTIONS
+    return client.ApiClient(cfg)
+
+
 class Kube:
     def __init__(self, api: client.ApiClient | None = None):
         self.api = api or client.ApiClient()
-        self.core = client.CoreV1Api(self.api)
-        self.custom = client.CustomObjectsApi(self.api)
-        self.networking = client.NetworkingV1Api(self.api)
-        self._event_counts: dict[str, int] = {}  # Event name -> count last written (see event())
+        self._event_counts: dict[str, int] = {}  # Event name -> count last written (see event()), bounded
+
+    # -- requests -------------------------------------------------------------------------------------------
+    def _call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
+              patch: bool = False) -> bytes:
+        """One request; the raw answer. A status outside 2xx raises ApiException, as the generated client does."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/merge-patch+json" if patch else "application/json"
+        req = self.api.param_serialize(method=method, resource_path=path, query_params=list((query or {}).items()),
+                                       header_params=headers, body=body, auth_settings=["BearerToken"])  # fmt: skip
+        resp = self.api.call_api(*req)
+        data: bytes = resp.read()  # type: ignore[no-untyped-call]
+        if not 200 <= resp.status <= 299:
+            raise ApiException.from_response(http_resp=resp, body=data.decode("utf-8", "replace"), data=None)
+        return data
+
+    def _json(self, method: str, path: str, body: Any = None, patch: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(self._call(method, path, body, patch=patch))
+        return out
 
     # -- children -------------------------------------------------------------------------------------------
-    def _create_call(self, kind: str, ns: str, body: Any) -> Any:
-        if kind == "Pod":
-            return self.core.create_namespaced_pod(ns, body)
-        if kind == "Service":
-            return self.core.create_namespaced_service(ns, body)
-        if kind == "ConfigMap":
-            return self.core.create_namespaced_config_map(ns, body)
-        if kind == "Secret":
-            return self.core.create_namespaced_secret(ns, body)
-        if kind == "NetworkPolicy":
-            return self.networking.create_namespaced_network_policy(ns, body)
-        if kind == "Workload":
-            return self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, body)
-        raise ValueError(f"unsupported kind {kind}")
-
     def _read(self, kind: str, ns: str, name: str) -> dict[str, Any]:
-        if kind == "Workload":
-            obj: Any = self.custom.get_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, name)
-            return dict(obj)
-        reader = {
-            "Pod": self.core.read_namespaced_pod,
-            "Service": self.core.read_namespaced_service,
-            "ConfigMap": self.core.read_namespaced_config_map,
-            "Secret": self.core.read_namespaced_secret,
-            "NetworkPolicy": self.networking.read_namespaced_network_policy,
-        }[kind]
-        return self._plain(reader(name, ns))
-
-    def _plain(self, model: Any) -> dict[str, Any]:
-        """Client model -> the JSON-shaped dict the API sent (what reconcile reads)."""
-        out: dict[str, Any] = self.api.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
-        return out
+        return self._json("GET", _path(kind, ns, name))
 
     def create(self, obj: dict[str, Any]) -> bool:
         """Create a child; True if created, False if it already existed and is ours."""
         kind, meta = obj["kind"], obj["metadata"]
         try:
-            self._create_call(kind, meta["namespace"], obj)
+            self._call("POST", _path(kind, meta["namespace"]), obj)  # the answer is not read
             return True
         except ApiException as e:
             if e.status == 403 and _namespace_terminating(e):
@@ -122,15 +150,15 @@ class Kube:
 
     def delete_pod(self, ns: str, name: str) -> None:
         try:
-            self.core.delete_namespaced_pod(name, ns, grace_period_seconds=30)
+            self._call("DELETE", _path("Pod", ns, name), query={"gracePeriodSeconds": 30})
         except ApiException as e:
             if e.status != 404:
                 raise
 
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None:
         try:
-            text: str = self.core.read_namespaced_pod_log(pod, ns, container=container, tail_lines=lines)
-            return text
+            return self._call("GET", _path("Pod", ns, pod, "log"), query={"container": container, "tailLines": lines}
+                              ).decode("utf-8", "replace")  # fmt: skip
         except ApiException as e:
             if e.status in (400, 404):  # container not started yet, or pod gone
                 return None
@@ -147,8 +175,8 @@ class Kube:
 
     def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
         try:
-            obj: Any = self.custom.get_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, KUEUE_RESOURCE_FLAVORS, name)
-            return dict(obj)
+            # Cluster-scoped: no namespace in the path.
+            return self._json("GET", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/{KUEUE_RESOURCE_FLAVORS}/{name}")
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -157,8 +185,7 @@ class Kube:
     def patch_workload_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
         """Merge patch carrying the resourceVersion it was computed from (reconcile.Plan.workload_status)."""
         try:
-            self.custom.patch_namespaced_custom_object_status(KUEUE_GROUP, KUEUE_VERSION, ns, KUEUE_WORKLOADS, name,
-                                                              patch)  # fmt: skip
+            self._call("PATCH", _path("Workload", ns, name, "status"), patch, patch=True)
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
@@ -167,30 +194,29 @@ class Kube:
     # -- the job ----------------------------------------------------------------------------------------------
     def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
         try:
-            obj: Any = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-            return dict(obj)
+            return self._json("GET", _path("FineTuneJob", ns, name))
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
 
-    def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-        """Merge-patch the status subresource; keys that disappeared are sent as null."""
+    def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the status subresource; keys that disappeared are sent as null. Returns the job as the
+        API server holds it after the patch (None when nothing was sent or the job is gone)."""
         patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
         patch.update({k: None for k in old if k not in new})
         if not patch:
-            return
+            return None
         try:
-            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name, {"status": patch})
+            return self._json("PATCH", _path("FineTuneJob", ns, name, "status"), {"status": patch}, patch=True)
         except ApiException as e:
             if e.status != 404:
                 raise
+            return None
 
     def delete_job(self, ns: str, name: str) -> None:
         try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, ns, PLURAL, name, body=client.V1DeleteOptions(propagation_policy="Background")
-            )
+            self._call("DELETE", _path("FineTuneJob", ns, name), {"propagationPolicy": "Background"})
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -227,12 +253,12 @@ class Kube:
         }
         try:
             try:
-                self.core.create_namespaced_event(ns, body)
+                self._call("POST", _path("Event", ns), body)
             except ApiException as e:
                 if e.status != 409:
                     raise
                 count = self._event_counts.get(name, 1) + 1
-                self.core.patch_namespaced_event(name, ns, {"count": count, "lastTimestamp": now})
+                self._call("PATCH", _path("Event", ns, name), {"count": count, "lastTimestamp": now}, patch=True)
                 self._event_counts[name] = count
         except ApiException as e:  # events are best effort: never fail a reconcile on them
             log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)

@@ -103,6 +103,37 @@ def controller_uid(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def slim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What reconcile reads of a child, and no more: the watch-fed pod index holds this instead of whole pod
+    bodies (specs, managed fields, volumes), which were most of the operator's memory per job. Name, labels,
+    controller owner, deletion mark; the pod's phase, reason, message, PodScheduled condition and each
+    container's name and state (running / waiting / terminated with exit code, reason and message)."""
+    meta = obj.get("metadata") or {}
+    st = obj.get("status") or {}
+    out: dict[str, Any] = {"kind": obj.get("kind", "Pod"), "metadata": {
+        "name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
+        "ownerReferences": [{"uid": r.get("uid"), "controller": True}
+                            for r in meta.get("ownerReferences") or [] if r.get("controller")]}}  # fmt: skip
+    if meta.get("deletionTimestamp"):
+        out["metadata"]["deletionTimestamp"] = meta["deletionTimestamp"]
+    status = {k: st[k] for k in ("phase", "reason", "message") if st.get(k)}
+    scheduled = [{k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+                 for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"]  # fmt: skip
+    if scheduled:
+        status["conditions"] = scheduled
+    for key in ("initContainerStatuses", "containerStatuses"):
+        if st.get(key):
+            status[key] = [{"name": cs.get("name"), "state": _slim_state(cs.get("state") or {})} for cs in st[key]]
+    if status:
+        out["status"] = status
+    return out
+
+
+def _slim_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    keep = {"running": (), "waiting": ("reason", "message"), "terminated": ("exitCode", "reason", "message")}
+    return {k: {f: v[f] for f in keep[k] if f in v} for k, v in state.items() if k in keep and v is not None}
+
+
 @dataclass(frozen=True)
 class Foreign:
     """An object labelled as the job's child but not controlled by it (status.foreignChildren)."""

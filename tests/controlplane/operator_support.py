@@ -41,7 +41,9 @@ def install_crd(kubectl: Callable[..., Any], wait_for: Callable[..., Any]) -> No
     crd = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "crd"], capture_output=True, text=True,
                          check=True).stdout
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crd)
-    kubectl("wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=60s")
+    # `kubectl wait` fails at once (not waits) while the new CRD has no status.conditions yet: poll it.
+    wait_for(lambda: kubectl("wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=10s",
+                             check=False).returncode == 0, timeout=60, message="CRD Established")  # fmt: skip
     # Established comes a moment before the API server's discovery documents list the new resource.
     wait_for(lambda: kubectl("get", "ftj", "-A", check=False).returncode == 0, timeout=60,
              message="finetunejobs in discovery")

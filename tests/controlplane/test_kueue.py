@@ -181,6 +181,8 @@ def test_deleting_a_queued_job_leaves_nothing_behind(
         ns = namespace
         kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("holder", queue)))
         wait_for(lambda: admitted(kube_api, ns, "holder"), timeout=120, message="holder admitted")
+        # Its pods come at the operator's next look at the Workload (reconcile.QUEUED_POLL_S).
+        wait_for(lambda: len(kubelet.live_pods("holder")) == 2, timeout=60, message="holder's pods")
         kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("waiting", queue)))
         wait_for(lambda: status(kube_api, ns, "waiting").get("phase") == "Queued"
                  and workload(kube_api, ns, "waiting"), timeout=120, message="waiting Queued")  # fmt: skip

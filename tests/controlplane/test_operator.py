@@ -309,15 +309,16 @@ def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
         def summary() -> str:
             return str((status(kube_api, namespace, "pg").get("progress") or {}).get("summary", ""))
 
-        first = wait_for(lambda: summary().startswith("120/500") and summary(), timeout=40,
+        # The log is read every controller.PROGRESS_EVERY_S (30 s): one interval plus slack for a loaded machine.
+        first = wait_for(lambda: summary().startswith("120/500") and summary(), timeout=70,
                          message=f"progress 120/500 (log requests: {node.requests})")  # fmt: skip
         assert first == "120/500 (24%) loss 0.41 ETA 1m36s"
         assert any(r.startswith("/containerLogs/" + namespace + "/pg-rank-0/trainer?") and "tailLines=" in r
                    for r in node.requests), node.requests  # fmt: skip
         assert first in kubectl("get", "ftj", "pg", "-n", namespace).stdout
-        # Training goes on: nothing changes but the log, and the status must follow within 30 s.
+        # Training goes on: nothing changes but the log, and the status must follow within an interval.
         node.logs[key] += format_line("eval", step=250, totalSteps=500, metrics={"accuracy": 0.9}) + "\n"
-        later = wait_for(lambda: summary().startswith("250/500") and summary(), timeout=40,
+        later = wait_for(lambda: summary().startswith("250/500") and summary(), timeout=70,
                          message="progress 250/500 without any pod event")  # fmt: skip
         assert "accuracy 0.9" in later
         gauges = wait_for(lambda: (g := job_gauges(op, namespace, "pg")).get("step") == 250 and g, timeout=20,

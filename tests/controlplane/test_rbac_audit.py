@@ -120,6 +120,10 @@ def phase_is(a: Audited, ns: str, name: str, phase: str) -> Callable[[], bool]:
     return lambda: status(a, ns, name).get("phase") == phase
 
 
+# What kopf put on every job while the operator's daemon asked for a finalizer (before this operator version).
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
+
+
 def apply(a: Audited, ns: str, job: dict[str, Any]) -> None:
     a.kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(job))
 
@@ -198,6 +202,14 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
             for name in jobs:
                 wait_for(lambda n=name: "not controlled by" in status(a, ns, n).get("message", ""), timeout=60,
                          message=f"{name}'s squatted child refused")
+            # A job an earlier operator put its daemon's finalizer on: kopf takes it off (patch), so that the
+            # job's deletion does not wait for it forever.
+            legacy = job("legacy")
+            legacy["metadata"]["finalizers"] = [KOPF_FINALIZER]
+            apply(a, ns, legacy)
+            wait_for(lambda: not custom.get_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs",
+                                                                     "legacy")["metadata"].get("finalizers"),
+                     timeout=60, message="the old finalizer removed")  # fmt: skip
         # A restarted operator: a new loop for the MPI job creates its Secret again and reads the 409 back.
         with running_operator(a.operator_kubeconfig, wait_for, tmp_path / "operator-2.log", ["--config", str(cfg)]):
             wait_for(lambda: ("", "secrets", "get") in a.used(), timeout=60, message="the Secret read back")

@@ -103,7 +103,9 @@ def test_a_pod_the_server_refuses_ends_the_job_failed_invalid_spec(
         assert st["reason"] == "InvalidSpec"
         assert "refused Pod refused-rank-0 (422)" in st["message"] and "bad key!" in st["message"]
         passes = op.reconciles()
-        # No retry loop: later passes (the idle requeue, pod events) create nothing and keep the verdict.
+        # No retry loop: later passes create nothing and keep the verdict. A finished job has no timer, so a
+        # watch event brings the next pass: its Service (made before the pods were refused) deleted.
+        client.CoreV1Api(kube_api).delete_namespaced_service("refused", namespace)
         wait_for(lambda: op.reconciles() >= passes + 1, timeout=60, message="another pass")
         events = client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
         refusals = [e for e in events if e.reason == "InvalidSpec"]

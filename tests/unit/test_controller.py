@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import time
 from datetime import datetime
 from typing import Any
@@ -60,14 +61,17 @@ class FakeApi:
         self.calls.append("get_job")
         return copy.deepcopy(self.job)
 
-    def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+        """Answers with the whole job after the patch, as the server does (None when nothing was sent)."""
         patch = {k: v for k, v in new.items() if old.get(k) != v} | {k: None for k in old if k not in new}
-        if patch:
-            self.patches.append(patch)
-            status = self.job.setdefault("status", {})
-            status.update(copy.deepcopy(patch))
-            for k in [k for k, v in status.items() if v is None]:
-                del status[k]
+        if not patch:
+            return None
+        self.patches.append(patch)
+        status = self.job.setdefault("status", {})
+        status.update(copy.deepcopy(patch))
+        for k in [k for k, v in status.items() if v is None]:
+            del status[k]
+        return copy.deepcopy(self.job)
 
     def event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
         self.events.append((etype, reason))
@@ -115,6 +119,9 @@ class World:
         return self.loop.step(self.children)
 
     def passes(self) -> int:
+        return self.loop.passes
+
+    def reads(self) -> int:
         return self.api.calls.count("get_job")
 
     def running(self) -> None:
@@ -271,7 +278,11 @@ def test_finished_jobs_are_not_followed() -> None:
     w.loop.wake()
     pause = w.step()
     assert w.api.job["status"]["phase"] == "Succeeded" and w.loop.followed is None
-    assert pause.seconds == IDLE_REQUEUE_S
+    assert pause == controller.Pause(math.inf, wakeable=True)  # no timer: only a watch event brings work
+    calls = list(w.api.calls)
+    w.clock.advance(IDLE_REQUEUE_S * 10)
+    w.step()
+    assert w.passes() == 3 and w.api.calls == calls  # no work, no request
 
 
 def test_deadline_requeue_comes_before_the_idle_one() -> None:
@@ -377,7 +388,7 @@ def test_progress_and_throughput_gauges_follow_a_training_job_and_clear_when_it_
 def test_gauges_clear_when_the_job_is_deleted_or_its_loop_stops() -> None:
     w = training_world()
     w.api.job["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
-    w.loop.wake()
+    w.loop.job_event(w.api.job)  # the watch event of the deletion
     w.step()
     assert gauges() == NONE
     w = training_world()
@@ -428,3 +439,137 @@ def test_apply_saves_the_status_before_deleting_or_creating() -> None:
                 status={"restartCount": 1}, events=[("Warning", "RankFailed", "m")])  # fmt: skip
     apply(Recording(), job, {"restartCount": 0}, plan)  # type: ignore[arg-type]
     assert order == ["status", "delete", "create", "event"]
+
+
+# -- requests: what a pass reads, and which watch events wake one --------------------------------------------------
+def test_a_pass_woken_by_its_children_reads_no_job_and_its_own_status_echo_wakes_nothing() -> None:
+    w = World()
+    w.step()  # the first pass reads the job (no body from kopf here), writes Pending, creates the children
+    assert w.reads() == 1 and w.api.job["status"]["phase"] == "Pending"
+    w.loop.job_event(copy.deepcopy(w.api.job))  # the watch event of that status write
+    assert not w.loop.pass_due(), "the loop's own status write woke a pass"
+    for pod in w.api.created:
+        if pod["kind"] == "Pod":
+            w.loop.child_event(f"Pod/{pod['metadata']['name']}")
+    w.pods = [copy.deepcopy(o) | {"status": {"phase": "Pending"}} for o in w.api.created if o["kind"] == "Pod"]
+    w.step()
+    assert w.passes() == 2 and w.reads() == 1  # the job as the patch answered it: no GET
+    w.running()
+    w.loop.child_event("Pod/j-rank-0")
+    w.step()  # a new phase is decided on a fresh read only (another writer may have moved the job on)
+    assert w.passes() == 3 and w.reads() == 2 and w.api.job["status"]["phase"] == "Running"
+
+
+def test_a_pass_from_the_loops_copy_deletes_nothing_before_reading_the_job_fresh() -> None:
+    """Two writers (a second operator): the other one counted a restart and made attempt 1's pods; this loop's
+    copy still says attempt 0, so those pods look stale to it. It reads the job before deleting anything."""
+    w = World()
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()  # Running, from a fresh read; the loop's copy is the patch's answer
+    w.api.job["status"]["restartCount"] = 1  # the other operator's write, whose watch event is still on its way
+    w.pods = [copy.deepcopy(p) for p in w.pods]
+    for pod in w.pods:
+        pod["metadata"]["labels"]["finetune.dev/attempt"] = "1"
+    w.loop.child_event("Pod/j-rank-0")
+    reads = w.reads()
+    w.step()
+    assert w.reads() == reads + 1 and not [c for c in w.api.calls if c.startswith("delete_pod")]
+
+
+def test_a_spec_change_or_deletion_is_read_fresh() -> None:
+    w = World()
+    w.step()
+    changed = copy.deepcopy(w.api.job)
+    changed["metadata"]["generation"] = 2  # the API server bumps it on every spec change
+    w.loop.job_event(changed)
+    assert w.loop.pass_due()
+    w.step()
+    assert w.reads() == 2
+    w.loop.job_event(copy.deepcopy(w.api.job), deleted=True)
+    assert w.loop.pass_due()
+
+
+def test_a_timer_pass_reads_the_job_only_when_the_loops_copy_is_old() -> None:
+    w = World()
+    w.step()
+    w.clock.advance(IDLE_REQUEUE_S)
+    w.step()
+    assert w.passes() == 2 and w.reads() == 2  # the safety net: a fresh read
+
+
+def test_a_progress_refresh_wakes_no_pass_and_costs_a_log_read_and_a_patch() -> None:
+    w = World()
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()
+    w.api.log = PROGRESS_LINE % 1
+    w.clock.advance(PROGRESS_EVERY_S)
+    w.step()
+    passes, reads, patches = w.passes(), w.reads(), len(w.api.patches)
+    for step in range(2, 6):  # four minutes of training, the log changing before every read
+        w.api.log = PROGRESS_LINE % step
+        w.clock.advance(PROGRESS_EVERY_S)
+        w.step()
+        w.loop.job_event(copy.deepcopy(w.api.job))  # the refresh's own status patch, coming back
+        assert not w.loop.pass_due()
+    assert w.api.job["status"]["progress"]["step"] == 5
+    assert len(w.api.patches) - patches == 4 and w.reads() == reads  # the patches' answers keep the copy fresh
+    assert w.passes() - passes == 2  # the idle safety net, from that copy
+
+
+def test_children_created_count_until_the_index_shows_them() -> None:
+    """A wide job's pod events wake a pass before the index holds every pod it created: no create again."""
+    w = World()
+    created = len(w.api.created)
+    w.step()
+    made = len(w.api.created) - created
+    assert made == 4  # Service, ConfigMap, 2 pods
+    w.loop.wake()  # the first pod's event: the index shows nothing yet
+    w.loop.step(lambda: ([], {}))
+    assert len(w.api.created) - created == made
+    w.loop.child_event("Pod/j-rank-0")  # the watch event: from now on the index is the truth for that pod
+    w.loop.step(lambda: ([], {}))
+    assert [o["metadata"]["name"] for o in w.api.created[created + made:]] == ["j-rank-0"]
+
+
+def test_creates_of_a_wave_run_together_and_pods_come_after_their_config() -> None:
+    import threading
+
+    started: list[str] = []
+    both = threading.Barrier(2, timeout=5)
+
+    class Api(FakeApi):
+        def create(self, obj: dict[str, Any]) -> bool:
+            started.append(obj["kind"])
+            if obj["kind"] == "Pod":
+                both.wait()  # returns only if the two pods are created at the same time
+            return True
+
+    objs = [{"kind": k, "metadata": {"name": n}} for k, n in
+            (("Pod", "p0"), ("Service", "s"), ("Pod", "p1"), ("ConfigMap", "c"))]  # fmt: skip
+    controller.create_all(Api({}), objs)
+    assert sorted(started[:2]) == ["ConfigMap", "Service"] and started[2:] == ["Pod", "Pod"]
+
+
+def test_the_loop_ends_when_its_job_is_gone_or_replaced_by_one_of_the_same_name() -> None:
+    w = World()
+    w.step()
+    w.api.job["metadata"]["uid"] = "uid-2"  # deleted, and a new job made under the same name
+    w.loop.job_event(copy.deepcopy(w.api.job))
+    w.step()
+    assert w.loop.gone and not w.api.created[4:]  # nothing made for the other job
+    gone = World()
+    gone.step()
+    gone.api.get_job = lambda ns, name: None  # type: ignore[method-assign]
+    gone.loop.job_event(copy.deepcopy(gone.api.job), deleted=True)
+    gone.step()
+    assert gone.loop.gone
+
+
+def test_the_daemon_puts_no_finalizer_on_jobs() -> None:
+    """A finalizer would cost a patch per job at creation and at deletion; the loop ends itself instead."""
+    spawning = kopf.get_default_registry()._spawning.get_all_handlers()
+    assert [(str(h.id), h.requires_finalizer) for h in spawning] == [("job_daemon", False)]

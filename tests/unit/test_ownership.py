@@ -187,7 +187,8 @@ def test_a_deleted_child_or_squatter_wakes_the_jobs_loop() -> None:
     labels = {"finetune.dev/job-name": "j"}
     with loops.running(loop):
         loop.take(lambda: ([], {}))  # the first pass clears the wake-up
-        handlers._wake_on_delete(type="MODIFIED", labels=labels, namespace="ns", memo=memo)
+        on_service = handlers._on_child("Service")
+        on_service(type="MODIFIED", name="j", labels=labels, namespace="ns", memo=memo)
         assert not loop._woken.is_set()
-        handlers._wake_on_delete(type="DELETED", labels=labels, namespace="ns", memo=memo)
+        on_service(type="DELETED", name="j", labels=labels, namespace="ns", memo=memo)
         assert loop._woken.is_set()

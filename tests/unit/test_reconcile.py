@@ -521,3 +521,41 @@ def test_worker_oom_seen_with_the_launchers_crash_is_reported_as_the_oom() -> No
     assert w.phase == "Failed" and st["reason"] == "OOMKilled", st["message"]
     assert st["failures"][-1]["pod"] == "distilbert-squad-cpu-worker-1"
     assert st["message"].startswith("rank 1 (pod distilbert-squad-cpu-worker-1) failed: OOMKilled")
+
+
+def test_slim_pods_plan_as_whole_pods_do() -> None:
+    """The pod index holds `slim_child` of each pod: every state reconcile tells apart plans the same from it."""
+    from finetune_operator.reconcile import slim_child
+
+    w = World(make_job("slim").nodes(2).classification().build())
+    w.step()
+    base = {name: copy.deepcopy(pod) for name, pod in w.pods.items()}
+    for pod in base.values():  # what a real pod body carries besides: spec, managed fields, other conditions
+        pod["metadata"].update(uid="u", resourceVersion="7", managedFields=[{"manager": "kubelet"}])
+        pod["status"].update(podIP="10.0.0.1", hostIP="10.0.0.2", startTime="2026-12-02T10:00:00Z")
+    terminated = {"exitCode": 137, "reason": "OOMKilled", "message": "last lines", "containerID": "c://1"}
+    states: list[dict[str, Any]] = [
+        {"phase": "Running", "containerStatuses": [{"name": "trainer", "ready": True, "state": {"running": {
+            "startedAt": "2026-12-02T10:00:01Z"}}}]},
+        {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]},
+        {"phase": "Failed", "reason": "Evicted", "message": "node low on memory"},
+        {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                             "message": "0/3 nodes"}, {"type": "Ready", "status": "False"}]},
+        {"phase": "Pending", "initContainerStatuses": [{"name": "precompile", "state": {"running": {}}}]},
+        {"phase": "Pending", "containerStatuses": [{"name": "trainer", "image": "x", "state": {"waiting": {
+            "reason": "ImagePullBackOff", "message": "not found"}}}]},
+        {"phase": "Succeeded"},
+    ]
+    for state in states:
+        for deleting in (False, True):
+            pods = copy.deepcopy(base)
+            first = pods["slim-rank-1"]
+            first["status"] = dict(first["status"], **copy.deepcopy(state))
+            if deleting:
+                first["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:05Z"
+            whole = reconcile(copy.deepcopy(w.job), Observed(list(pods.values()), dict(w.objects), w.now, None,
+                                                             lambda: KEYS))  # fmt: skip
+            slim = reconcile(copy.deepcopy(w.job), Observed([slim_child(p) for p in pods.values()], dict(w.objects),
+                                                            w.now, None, lambda: KEYS))  # fmt: skip
+            assert (slim.status, slim.create, slim.delete_pods, slim.events) == (
+                whole.status, whole.create, whole.delete_pods, whole.events), (state, deleting)
