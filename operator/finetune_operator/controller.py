@@ -112,6 +112,19 @@ def rank0_log_source(job: dict[str, Any], phase: str | None) -> tuple[str, str]:
     return pod, c.INIT_PRECOMPILE if phase == "Precompiling" else main
 
 
+def _rank0_finished(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """Whether the container that prints rank 0's progress (rank0_log_source) has exited 0."""
+    pod_name, container = rank0_log_source(job, None)
+    for pod in pods:
+        if pod["metadata"]["name"] != pod_name or pod["metadata"].get("deletionTimestamp"):
+            continue
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            done = (cs.get("state") or {}).get("terminated") or {}
+            if cs.get("name") == container and done.get("exitCode") == 0:
+                return True
+    return False
+
+
 def apply(api: Api, job: dict[str, Any], old_status: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
     """Carries out the plan. Returns the job as the API server answered the status patch (None when no patch
     was sent or the job is gone)."""
@@ -416,7 +429,11 @@ class JobLoop:
                 self._remember(self.api.patch_status(ns, name, old_status, status), True, raw)
             return math.inf, None  # a spec change (a watch event) is all that can change this
         job["status"] = raw.get("status") or {}
-        prog = self._read_progress(job, old_status) if old_status.get("phase") in FOLLOWED else None
+        prog = None
+        if old_status.get("phase") in FOLLOWED:
+            # Rank 0 finished: its last lines (final step, metrics, done) are read now, whatever the interval,
+            # so a finished job's status.progress is its final one.
+            prog = self._read_progress(job, old_status, force=_rank0_finished(job, pods))
         seen = {**objects, **self.made}
         # Queued jobs: the Workload, read fresh (no watch: Kueue's CRDs may not exist where no job is queued).
         wl = self.api.get_workload(ns, name) if (job["spec"].get("runPolicy") or {}).get("queueName") else None
@@ -485,10 +502,11 @@ class JobLoop:
         else:
             clear_job(self.namespace, self.name)
 
-    def _read_progress(self, job: dict[str, Any], status: Mapping[str, Any]) -> dict[str, Any] | None:
+    def _read_progress(self, job: dict[str, Any], status: Mapping[str, Any],
+                       force: bool = False) -> dict[str, Any] | None:
         """Rank 0's newest progress folded onto status.progress, or None when it is not time to read again (every
-        PROGRESS_EVERY_S) or the log has no progress yet."""
-        if self._progress_due_in() > 0:
+        PROGRESS_EVERY_S, unless `force`) or the log has no progress yet."""
+        if not force and self._progress_due_in() > 0:
             return None
         self.progress_read_at = self.clock()  # before the read: a failing read must not be retried at once
         text = self.api.log_tail(self.namespace, *rank0_log_source(job, status.get("phase")))

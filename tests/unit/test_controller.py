@@ -253,6 +253,29 @@ def test_progress_is_read_every_interval_between_passes_and_patched_only_when_ch
     assert w.api.patches[-1].keys() == {"progress"} and w.api.job["status"]["progress"]["step"] == 2
 
 
+def test_a_finished_rank_0_is_read_at_once_so_the_final_progress_lands() -> None:
+    """Training shorter than the read interval: rank 0 exits between two reads. The pass that sees it done
+    reads its last lines whatever the interval, so the Succeeded job shows its final step, not none."""
+    w = World()
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()  # Running
+    w.api.log = PROGRESS_LINE % 1
+    w.loop.wake()
+    w.step()
+    reads = w.api.calls.count("log_tail j-rank-0/trainer")
+    w.api.log = PROGRESS_LINE % 10 + 'FTJOB_PROGRESS {"event":"done","step":10,"totalSteps":10}\n'
+    for pod in w.pods:
+        pod["status"] = {"phase": "Succeeded", "containerStatuses": [
+            {"name": "trainer", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}
+    w.loop.wake()
+    w.step()  # well inside PROGRESS_EVERY_S of the last read (the acting pass re-reads the job, and the log)
+    assert w.api.calls.count("log_tail j-rank-0/trainer") > reads
+    st = w.api.job["status"]
+    assert st["phase"] == "Succeeded" and st["progress"]["step"] == 10 and st["progress"]["event"] == "done", st
+
+
 def test_a_failing_log_read_is_not_retried_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     w = World()
     w.step()
