@@ -281,6 +281,15 @@ def _containerd_config_digest(ref: str) -> str | None:
     return None
 
 
+def _image_names_sharing(full: str) -> list[str]:
+    """`full` and every other name of the same image in the node's store. containerd's CRI plugin records each
+    image it has seen under its ID too (`sha256:<config digest>`) and under its repo digest; removing the tag
+    alone left those, so the old build's layers were never collected (the store reached 27 GB)."""
+    rows = [line.split() for line in ctr("images", "ls").stdout.decode().splitlines()[1:]]
+    target = next((cols[2] for cols in rows if cols and cols[0] == full), None)
+    return [full] + [cols[0] for cols in rows if cols and cols[0] != full and target and cols[2] == target]
+
+
 def sync_image(ref: str) -> bool:
     """Import Docker's `ref` into the node unless the node already has the same image ID. True if imported."""
     docker_id = _run("docker", "image", "inspect", "-f", "{{.Id}}", ref, check=False)
@@ -293,7 +302,8 @@ def sync_image(ref: str) -> bool:
         # The node's store lives in the cache across sessions: drop the previous build first so that its
         # layers are garbage-collected (--sync) instead of piling up with every rebuild (several GB each).
         full = ref if "/" in ref.split("/")[0] and "." in ref.split("/")[0] else f"docker.io/{ref}"
-        ctr("images", "rm", "--sync", full, check=False)
+        names = _image_names_sharing(full)
+        ctr("images", "rm", "--sync", *names, check=False)
     save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
     assert save.stdout is not None
     imp = subprocess.run(["ctr", "-a", str(CONTAINERD_SOCK), "-n", "k8s.io", "images", "import", "-"],
