@@ -73,7 +73,12 @@ if [ -n "${TORCH_INDEX_URL:-}" ]; then args+=(--build-arg "TORCH_INDEX_URL=$TORC
 ca=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 secret=()
 if [ -s "$ca" ]; then secret=(--secret "id=ca,src=$ca"); fi
-rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+# The revision is the last commit that changed the image's inputs, not HEAD: a label is part of the image ID,
+# and a new ID for every unrelated commit made the e2e node re-import the 6 GB cpu image each time.
+inputs=(runtime images)
+if [ "$flavor" = operator ]; then inputs=(operator images); fi
+rev=$(git -C "$root" log -1 --format=%h -- "${inputs[@]}" 2>/dev/null || true)
+rev=${rev:-unknown}
 # Labels, not build args: metadata of the final image only, so a new commit leaves every layer's cache alone.
 args+=(--label "org.opencontainers.image.version=$tag" --label "org.opencontainers.image.revision=$rev")
 
