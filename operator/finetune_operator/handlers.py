@@ -36,6 +36,18 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 300
 
 
+@kopf.on.startup()
+def _load_api_client(**_: Any) -> None:
+    """Import the Kubernetes client's API classes before any watch or daemon starts. The client imports them,
+    with their pydantic models, on first use: seconds of CPU (7-11 s on a loaded 2-core machine without
+    bytecode caches). That first use was `Kube()` in the first job daemon, which runs on the event loop, so a
+    freshly started operator froze every watch and every job for those seconds while /healthz already
+    answered, and a job's status kept saying what the previous process last saw (tests/faults/
+    test_operator_kill.py). kopf runs a sync startup handler in a worker thread and starts the watches and
+    the liveness endpoint after it."""
+    Kube()
+
+
 @kopf.index("pods", id="job_pods", labels=_OURS)
 def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
     """(namespace, job) -> its pods, kept current by the pod watch: a pass reads them here, not by a LIST.
