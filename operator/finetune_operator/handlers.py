@@ -4,6 +4,7 @@ so watch events on a job or its pods wake that job's loop; the operator's config
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from collections.abc import Mapping
@@ -34,18 +35,6 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.watching.label_selectors[plural] = ",".join(f"{k}={v}" for k, v in _OURS.items())
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
-
-
-@kopf.on.startup()
-def _load_api_client(**_: Any) -> None:
-    """Import the Kubernetes client's API classes before any watch or daemon starts. The client imports them,
-    with their pydantic models, on first use: seconds of CPU (7-11 s on a loaded 2-core machine without
-    bytecode caches). That first use was `Kube()` in the first job daemon, which runs on the event loop, so a
-    freshly started operator froze every watch and every job for those seconds while /healthz already
-    answered, and a job's status kept saying what the previous process last saw (tests/faults/
-    test_operator_kill.py). kopf runs a sync startup handler in a worker thread and starts the watches and
-    the liveness endpoint after it."""
-    Kube()
 
 
 @kopf.index("pods", id="job_pods", labels=_OURS)
@@ -120,7 +109,12 @@ async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopp
         return list(pods.get(key, [])), dict(v for index in others for v in index.get(key, []))
 
     loops: Loops = memo.loops
-    with loops.running(JobLoop(*key, Kube(), config)) as loop:
+    # In a worker thread: the first Kube() imports the client's API classes and their pydantic models (seconds of
+    # CPU; 7-11 s on a loaded 2-core machine without bytecode caches). On the event loop that froze every watch,
+    # index and job of a freshly started operator while /healthz already answered, and each job's status kept
+    # saying what the previous process last saw (tests/faults/test_operator_kill.py).
+    kube = await asyncio.to_thread(Kube)
+    with loops.running(JobLoop(*key, kube, config)) as loop:
         await loop.run(lambda: bool(stopped), children)
 
 

@@ -30,6 +30,7 @@ from finetune_operator import constants as c
 # With actions restricted, a trial creates a job when none of the allowed actions is possible yet.
 TRIALS = int(os.environ.get("FTJOB_KILL_TRIALS") or (50 if LONG else 3))
 ACTIONS = {a for a in (os.environ.get("FTJOB_KILL_ACTIONS") or "").split(",") if a}
+HEALTHY_S = 120  # a new operator process's imports alone took 49 s at a load average of 13 on 2 cores
 MAX_JOBS = 4  # more live jobs make every pass longer without adding new kill points
 DELAY_S = 0.02  # per request chunk: a pass's creates and deletes spread over ~0.5 s, so kills land inside them
 
@@ -76,7 +77,7 @@ def test_operator_sigkilled_at_random_points(crd: None, kube_api: Any, kubectl: 
     op = OperatorProcess(kc, log)
     made = failures_injected = 0
     try:
-        wait_until(op.healthy, 60, "operator /healthz")
+        wait_until(op.healthy, HEALTHY_S, "operator /healthz")
         for trial in range(TRIALS):
             current = jobs(kube_api, namespace)
             running = [n for n, j in current.items() if (j.get("status") or {}).get("phase") == "Running"]
@@ -105,7 +106,7 @@ def test_operator_sigkilled_at_random_points(crd: None, kube_api: Any, kubectl: 
             time.sleep(r.uniform(0.0, 1.5))
             op.kill()
             op = OperatorProcess(kc, log)
-            wait_until(op.healthy, 60, "restarted operator /healthz")
+            wait_until(op.healthy, HEALTHY_S, "restarted operator /healthz")
             try:
                 # violations() compares each status with the pods the API server holds: right after the restart
                 # the status is what the killed process last wrote, and a rank failed after that is in no status
