@@ -4,7 +4,6 @@ so watch events on a job or its pods wake that job's loop; the operator's config
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import logging
 from collections.abc import Mapping
@@ -109,12 +108,7 @@ async def job_daemon(name: str, namespace: str | None, stopped: kopf.DaemonStopp
         return list(pods.get(key, [])), dict(v for index in others for v in index.get(key, []))
 
     loops: Loops = memo.loops
-    # In a worker thread: the first Kube() imports the client's API classes and their pydantic models (seconds of
-    # CPU; 7-11 s on a loaded 2-core machine without bytecode caches). On the event loop that froze every watch,
-    # index and job of a freshly started operator while /healthz already answered, and each job's status kept
-    # saying what the previous process last saw (tests/faults/test_operator_kill.py).
-    kube = await asyncio.to_thread(Kube)
-    with loops.running(JobLoop(*key, kube, config)) as loop:
+    with loops.running(JobLoop(*key, Kube(), config)) as loop:
         await loop.run(lambda: bool(stopped), children)
 
 
