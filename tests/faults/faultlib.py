@@ -191,10 +191,14 @@ def expected_children(job: dict[str, Any]) -> set[str]:
 def violations(kube_api: client.ApiClient, ns: str) -> list[str]:
     """Broken invariants of a converged namespace: every child controlled by an existing job's uid (no orphan),
     exactly the children the job's current attempt needs (no duplicate, nothing missing, no pod of an older
-    attempt left running), and a status that names the pods it has."""
+    attempt left running), and a status that agrees with the pods the API server holds: no failed pod of the
+    current attempt in a job that is not finished (a rank failure leads to a group restart or to Failed), and
+    status.ranks.ready counting the ranks that run. A status alone proves nothing right after an operator
+    restart: it is what the previous process last saw."""
     problems: list[str] = []
     by_uid = {j["metadata"]["uid"]: j for j in jobs(kube_api, ns).values()}
     have: dict[str, set[str]] = {uid: set() for uid in by_uid}
+    current: dict[str, list[dict[str, Any]]] = {uid: [] for uid in by_uid}  # live pods of the current attempt
     for obj in children(kube_api, ns):
         meta = obj["metadata"]
         ref = f"{obj['kind']}/{meta['name']}"
@@ -208,6 +212,8 @@ def violations(kube_api: client.ApiClient, ns: str) -> list[str]:
         attempt = str((job.get("status") or {}).get("restartCount") or 0)
         if obj["kind"] == "Pod" and meta["labels"].get(c.LABEL_ATTEMPT) != attempt:
             problems.append(f"stale: {ref} of attempt {meta['labels'].get(c.LABEL_ATTEMPT)} lives in attempt {attempt}")
+        elif obj["kind"] == "Pod":
+            current[ctrl[0]["uid"]].append(obj)
         if ref in have[ctrl[0]["uid"]]:
             problems.append(f"duplicate: {ref}")
         have[ctrl[0]["uid"]].add(ref)
@@ -220,6 +226,15 @@ def violations(kube_api: client.ApiClient, ns: str) -> list[str]:
             problems.append(f"{name}: children {sorted(have[uid])} != expected {sorted(want)}")
         if not st.get("phase") or not st.get("startTime"):
             problems.append(f"{name}: status not converged: {json.dumps(st)[:300]}")
+        phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") or "Pending" for p in current[uid]}
+        failed = sorted(n for n, phase in phases.items() if phase == "Failed")
+        if failed:
+            problems.append(f"{name}: {failed} of attempt {st.get('restartCount') or 0} failed, status still "
+                            f"{st.get('phase')}")  # fmt: skip
+        ranks = [p for p in current[uid] if p["metadata"]["labels"].get(c.LABEL_ROLE) in (c.ROLE_RANK, c.ROLE_WORKER)]
+        up = sum(phases[p["metadata"]["name"]] in ("Running", "Succeeded") for p in ranks)
+        if (st.get("ranks") or {}).get("ready") != up:
+            problems.append(f"{name}: status.ranks {st.get('ranks')} but {up} rank pod(s) up")
     return problems
 
 
