@@ -157,14 +157,17 @@ def test_launcher_waits_for_every_workers_sshd(operator: OperatorProcess, kubect
     (init,) = [i for i in launcher["spec"]["initContainers"] if i["name"] == c.INIT_WAIT]
     hosts = [init["command"][i + 1] for i, a in enumerate(init["command"]) if a == "--ssh"]
     assert len(hosts) == 2 and all(h.startswith("lw-worker-") for h in hosts), init["command"]
+    # Every name it resolves: the workers', and the launcher's own (Hydra's proxies dial mpiexec back by it).
+    names = [init["command"][i + 1] for i, a in enumerate(init["command"]) if a == "--dns"]
+    assert set(hosts) | {f"lw-launcher.lw.{namespace}.svc"} == set(names), init["command"]
     env = {"FTJOB_SSH_PORT": str(sshd[0]), "HOSTS_FILE": str(tmp_path / "hosts")}  # the workers' sshd port, here
-    rc, out = _run_init(launcher, dict.fromkeys(hosts, "127.0.0.1"), dict(env), timeout_s=3)
+    rc, out = _run_init(launcher, dict.fromkeys(names, "127.0.0.1"), dict(env), timeout_s=3)
     assert rc == 1 and "not reachable" in out, out
     port, exe = sshd
     proc = subprocess.Popen([exe, "-D", "-e", "-f",
                              str(tmp_path / "sshd_config")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        rc, out = _run_init(launcher, dict.fromkeys(hosts, "127.0.0.1"), dict(env), timeout_s=30)
+        rc, out = _run_init(launcher, dict.fromkeys(names, "127.0.0.1"), dict(env), timeout_s=30)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
