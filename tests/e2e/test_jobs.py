@@ -4,6 +4,7 @@ Helm, in-cluster credentials) renders pods that the kubelet runs from the locall
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,23 @@ def _diagnose(kubectl: Kubectl, ns: str) -> str:
     return f"pods:\n{pods}\nevents:\n{events}\nlogs:\n" + "\n".join(logs)
 
 
+def _run_to_end(kubectl: Kubectl, ns: str, name: str, watch: Callable[[], None] | None = None,
+                seen: Callable[[], str] | None = None) -> dict[str, Any]:
+    """Poll until job `name` is Succeeded or Failed (calling `watch` at each poll); on timeout fail the test
+    with the namespace's pods, events and logs (and what `seen` says)."""
+
+    def done() -> dict[str, Any] | None:
+        if watch is not None:
+            watch()
+        return _finished(kubectl, ns, name)
+
+    try:
+        job: dict[str, Any] = wait_for(done, timeout=JOB_TIMEOUT, interval=2.0, message=f"{name} to finish")
+    except TimeoutError:
+        pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}" + (f"\n{seen()}" if seen else ""))
+    return job
+
+
 def test_operator_runs_in_cluster_with_service_account(kubectl: Kubectl, operator: str) -> None:
     pod = json.loads(kubectl("-n", operator, "get", "pods", "-o", "json").stdout)["items"][0]
     spec = pod["spec"]
@@ -58,17 +76,12 @@ def test_torchrun_ja_sentiment_two_pods(kubectl: Kubectl, job_namespace: tuple[s
     kubectl("-n", ns, "apply", "-f", str(JOBS / "ja-sentiment-torchrun.yaml"))
     progress: list[str] = []
 
-    def done() -> dict[str, Any] | None:
+    def watch() -> None:
         line = kubectl("-n", ns, "get", "ftj", "ja-sentiment", "--no-headers", check=False).stdout.strip()
         if line and line not in progress:
             progress.append(line)
-        return _finished(kubectl, ns, "ja-sentiment")
 
-    try:
-        job = wait_for(done, timeout=JOB_TIMEOUT, interval=2.0, message="ja-sentiment to finish")
-    except TimeoutError:
-        pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}\nprogress seen: {progress}")
-    assert isinstance(job, dict)
+    job = _run_to_end(kubectl, ns, "ja-sentiment", watch, seen=lambda: f"progress seen: {progress}")
     assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
     # `kubectl get ftj` showed progress that came from rank 0's real container log (a step count).
     assert any("/" in line.split()[4] for line in progress if len(line.split()) > 5), progress
@@ -97,16 +110,11 @@ def test_mpi_mpich_squad_launcher_and_two_workers(kubectl: Kubectl, job_namespac
     kubectl("-n", ns, "apply", "-f", str(JOBS / "squad-mpich.yaml"))
     running: set[str] = set()  # workers are deleted once the launcher is done (cleanPodPolicy Running)
 
-    def done() -> dict[str, Any] | None:
+    def watch() -> None:
         out = kubectl("-n", ns, "get", "pods", "--field-selector=status.phase=Running", "-o", "name", check=False)
         running.update(n.removeprefix("pod/") for n in out.stdout.split())
-        return _finished(kubectl, ns, "squad-mpi")
 
-    try:
-        job = wait_for(done, timeout=JOB_TIMEOUT, interval=2.0, message="squad-mpi to finish")
-    except TimeoutError:
-        pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}")
-    assert isinstance(job, dict)
+    job = _run_to_end(kubectl, ns, "squad-mpi", watch)
     assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
     assert {"squad-mpi-launcher", "squad-mpi-worker-0", "squad-mpi-worker-1"} <= running, running
     metrics = list((host / "squad-mpi").rglob("*metrics*.json"))
@@ -137,11 +145,7 @@ def test_bare_torchrun_command_forms_one_world_across_two_pods(kubectl: Kubectl,
     (host / "scripts" / "all_reduce.py").write_text(ALL_REDUCE)
     (host / "scripts" / "all_reduce.py").chmod(0o644)
     kubectl("-n", ns, "apply", "-f", str(JOBS / "bare-torchrun.yaml"))
-    try:
-        job = wait_for(lambda: _finished(kubectl, ns, "bare-torchrun"), timeout=JOB_TIMEOUT, interval=2.0,
-                       message="bare-torchrun to finish")
-    except TimeoutError:
-        pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}")
+    job = _run_to_end(kubectl, ns, "bare-torchrun")
     assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
     out = host / "bare-torchrun" / ns / "bare-torchrun"
     ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda x: x["rank"])
@@ -173,11 +177,7 @@ def test_compile_cache_shared_by_two_jobs_is_warm_for_the_second(kubectl: Kubect
     for name in ("cold-cache", "warm-cache"):
         doc["metadata"]["name"] = name
         kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
-        try:
-            job = wait_for(lambda n=name: _finished(kubectl, ns, n), timeout=JOB_TIMEOUT, interval=2.0,
-                           message=f"{name} to finish")
-        except TimeoutError:
-            pytest.fail(f"job did not finish:\n{_diagnose(kubectl, ns)}")
+        job = _run_to_end(kubectl, ns, name)
         assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
         reports[name] = job["status"].get("compileCache")
         delays[name] = _first_step_after_start(kubectl, ns, f"{name}-rank-0")
