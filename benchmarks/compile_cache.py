@@ -13,7 +13,6 @@ compileCache.precompile, as on a cluster) with one workdir (so one cache) and tw
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -24,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from benchio import write_json
+
+from finetune_runtime.progress import parse_line
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "jobs" / "demo-ja-sentiment.yaml"
 FTJOB = str(Path(sys.executable).with_name("ftjob"))
-PREFIX = "FTJOB_PROGRESS "
 
 
 def job_doc(trial_steps: int) -> dict[str, Any]:
@@ -43,18 +44,17 @@ def job_doc(trial_steps: int) -> dict[str, Any]:
 
 
 def records(path: Path, event: str) -> list[dict[str, Any]]:
+    """The `event` progress records in a log (the runtime's own parser; torchrun's prefixes are skipped)."""
     if not path.exists():
         return []
     out = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        idx = line.find(PREFIX)
-        if idx >= 0:
-            try:
-                rec = json.loads(line[idx + len(PREFIX):])
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == event:
-                out.append(rec)
+        try:
+            rec = parse_line(line)
+        except ValueError:  # a line cut off mid-write while the run goes on
+            continue
+        if rec is not None and rec.get("event") == event:
+            out.append(rec)
     return out
 
 
@@ -116,9 +116,7 @@ def main() -> int:
     print("| compile cache | first training step after (median) |\n|---|---|")
     print(f"| cold (the trial compiles) | {cold} s |\n| warm (every graph from the cache) | {warm} s |")
     print(f"| saved | {doc['savedSeconds']} s ({doc['speedup']}x) |")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.json, doc)
     return 0
 
 

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchio import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "jobs" / "demo-ja-config.json"
 DATA = ROOT / "examples" / "data" / "ja-reviews"
@@ -141,9 +143,7 @@ def main() -> int:
     print(f"| runtime dataset prep, first run (build + save) | {cache['firstSeconds']} s |")
     print(f"| runtime dataset prep, second run (cache hit) | {cache['secondSeconds']} s "
           f"({cache['speedup']}x faster) |")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.json, doc)
     return 0
 
 

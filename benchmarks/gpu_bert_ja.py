@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchio import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "examples" / "models" / "tiny-bert-ja"
 DATA = ROOT / "examples" / "data" / "ja-reviews"
@@ -265,9 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['batchSize']} | {r['samplesPerSecond']} | {r['stepMilliseconds']} | {r['achievedTflops']} "
               f"| {u} | {r['x trn1 fp32, 1 NeuronCore']}x | {r['x trn1 bf16, 2 NeuronCores']}x "
               f"| {r['peakMemoryGiB'] if r['peakMemoryGiB'] is not None else '-'} |")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.json, doc)
     return 0
 
 

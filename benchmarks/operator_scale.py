@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT / "tests" / "controlplane"))
 import peer_report  # noqa: E402
 import procstat  # noqa: E402
 from auditlog import count_requests, policy_for_user, watch_uris  # noqa: E402
+from benchio import write_json  # noqa: E402
 from operator_support import Kubelet, install_crd, running_operator  # noqa: E402
 
 from finetune_operator.admission import validate  # noqa: E402
@@ -353,9 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             peer_report.write_section(args.readme, peer_report.section(results, peer_report.command(results)))
     else:
         print(report(results))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json, results)
     print(f"logs and audit log: {work}")
     return 0
 
@@ -400,9 +399,7 @@ def peer_mode(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path,
             this[system]["loadAfter"] = round(os.getloadavg()[0], 1)  # other work on the machine shows here
             print(f"round {r} {system}: {json.dumps(this[system])}", flush=True)
             if args.json:  # what is done so far survives a later failure
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                partial = {**out, "rounds": [*out["rounds"], this]}
-                args.json.with_suffix(".partial.json").write_text(json.dumps(partial, indent=2) + "\n")
+                write_json(args.json.with_suffix(".partial.json"), {**out, "rounds": [*out["rounds"], this]})
         out["rounds"].append(this)
     return out
 

@@ -7,13 +7,13 @@ This is the CPU cost of one reconcile pass before any API call; the operator pay
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+from benchio import write_json
 
 from finetune_operator.admission import validate
 from finetune_operator.builders import desired
@@ -50,9 +50,7 @@ def main() -> int:
     print("| sample | objects | renders/s | µs/render |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['sample']} | {r['objects']} | {r['rendersPerSecond']} | {r['microsecondsPerRender']} |")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    write_json(args.json, rows)
     return 0
 
 

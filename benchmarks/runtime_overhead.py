@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchio import write_json
+
 from finetune_runtime.progress import parse_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,9 +142,7 @@ def main() -> int:
           f"| {summary['samplesPerSecondRatio']} |")
     print(f"| time to first step, s (median) | {med['runtime']['secondsToFirstStep']} "
           f"| {med['bare']['secondsToFirstStep']} | {summary['firstStepDelaySeconds']:+} s |")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.json, doc)
     return 0
 
 
