@@ -21,12 +21,24 @@ from .reconcile import controller_uid, slim_child
 _OURS = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
 
 
+class GenerationOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf builds an "essence" of every watched object on every watch event (a deep copy of its body less
+    metadata and status) to diff it for on.create/on.update/on.resume handlers and to reset idle daemons. This
+    operator has neither kind (it is level-triggered: every pass starts from the whole job), so that copy of
+    every pod and job on every event was pure cost: 15% of the operator's CPU while 200 jobs started
+    (benchmarks/README.md). The essence here is the object's generation, which changes with its spec, and is
+    never stored. tests/unit/test_handlers.py fails if a change handler is ever registered, since it would see
+    no real diff."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        essence: Any = {"generation": body.get("metadata", {}).get("generation")}
+        return essence
+
+
 @kopf.on.startup()
 def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=c.GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = GenerationOnlyDiffBase(prefix=c.GROUP, key="last-handled-configuration")
     settings.posting.enabled = False  # we post our own events with reasons of our own
     # Server-side: the API server streams only our objects. A handler's `labels=` filter alone is applied by
     # kopf after receiving every object of the kind in the cluster (or in the watched namespaces).
@@ -36,8 +48,12 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 300
 
 
+# Every handler below is `async` although none awaits anything: kopf runs a plain function in a worker thread,
+# one thread hop per watch event per handler, which was the largest single cost of an event (benchmarks/README.md).
+
+
 @kopf.index("pods", id="job_pods", labels=_OURS)
-def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
+async def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
     """(namespace, job) -> its pods, kept current by the pod watch: a pass reads them here, not by a LIST. Each
     entry is `reconcile.slim_child` of the pod: the fields reconcile reads, not the whole body.
 
@@ -60,14 +76,14 @@ _POLICY_INDEX = ("networkpolicies", "NetworkPolicy")
 
 
 def _child_indexer(kind: str) -> Any:
-    def index(body: kopf.Body, name: str, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
+    async def index(body: kopf.Body, name: str, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
         return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): (f"{kind}/{name}", controller_uid(body))}
 
     return index
 
 
 def _on_child(kind: str) -> Any:
-    def event(type: str | None, name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo,
+    async def event(type: str | None, name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo,
               **_: Any) -> None:
         """The index now shows the child; a deletion (of it, or of a foreign object holding a child's name)
         wakes the job, which may create it now."""
@@ -84,14 +100,14 @@ for _plural, _kind in _CHILD_INDEXES.items():
 
 
 @kopf.on.event("pods", labels=_OURS)
-def _pod_event(name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+async def _pod_event(name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     loop = memo.loops.get(namespace or "", labels.get(c.LABEL_JOB_NAME, ""))
     if loop is not None:
         loop.child_event(f"Pod/{name}")
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-def _job_event(type: str | None, body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo,
+async def _job_event(type: str | None, body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo,
                **_: Any) -> None:
     loop = memo.loops.get(namespace or "", name)
     if loop is not None:
@@ -147,16 +163,18 @@ _register_daemon()
 def run_operator(
     *, namespaces: list[str], config: dict[str, Any], metrics_port: int, health_port: int, verbose: bool
 ) -> int:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     if metrics_port:
         start_metrics_server(metrics_port)
     if network_policies(config):
         plural, kind = _POLICY_INDEX
         kopf.index("networking.k8s.io", "v1", plural, id=f"job_{plural}", labels=_OURS)(_child_indexer(kind))
         kopf.on.event("networking.k8s.io", "v1", plural, id=f"wake_{plural}", labels=_OURS)(_on_child(kind))
+    # One handler on the root logger: kopf's (logging.basicConfig beside it printed every line twice). kopf logs
+    # "Handler ... succeeded." at INFO for every watch event of every object, several per pod: at scale that
+    # was most of the log and a few % of the CPU. Its warnings and errors still show; --verbose shows all.
     kopf.configure(verbose=verbose)
+    if not verbose:
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
         memo=kopf.Memo(config=config, loops=Loops()),
         standalone=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -208,12 +209,12 @@ def test_foreign_object_error_shows_in_status(operator: Path, kubectl: Any, kube
     assert any(c["type"] == "ReconcileError" and c["status"] == "True" for c in st["conditions"])
     # Failing passes back off (1, 2, 5, 10, 30 s) although each one's status patch is a watch event that
     # would wake the daemon at once: the first three failures are at least 1 s and 2 s apart.
-    # (The log carries each record twice, in kopf's format too; read one format.)
-    marker = f" ERROR finetune_operator: reconcile of {namespace}/clash failed"
+    # (kopf's log format: "[2026-12-03 15:04:55,810] finetune_operator    [ERROR   ] reconcile of ns/j failed".)
+    marker = re.compile(rf"^\[(.+?)\] finetune_operator +\[ERROR *\] reconcile of {namespace}/clash failed$")
 
     def failure_times() -> list[datetime] | None:
-        times = [datetime.strptime(line.split(marker)[0], "%Y-%m-%d %H:%M:%S,%f")
-                 for line in operator.read_text().splitlines() if line.endswith(marker)]  # fmt: skip
+        times = [datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f")
+                 for line in operator.read_text().splitlines() if (m := marker.match(line))]  # fmt: skip
         return times if len(times) >= 3 else None
 
     times = wait_for(failure_times, timeout=30, message="three failed passes")

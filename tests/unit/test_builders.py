@@ -414,3 +414,23 @@ def test_a_flavor_label_never_overrides_the_jobs_own_node_selector() -> None:
     assert place({"nodeSelector": {"zone": "a"}}, p) == {"nodeSelector": {"pool": "spr", "zone": "a"}}
     with pytest.raises(ValueError, match="conflicts"):
         place({"nodeSelector": {"pool": "trn1"}}, p)
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
+def test_desired_shares_no_container_between_children_or_with_the_job(sample: Path) -> None:
+    """Callers mutate the children freely (reconcile adds labels, the CLI serialises): builders.tree_copy must
+    leave no dict or list shared between two places, or with the job they came from."""
+    job = validate(yaml.safe_load(sample.read_text()))
+    job["metadata"]["uid"] = "u"
+    children = desired(job, ssh_keys=KEYS)
+    seen: dict[int, str] = {}
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, dict | list):
+            assert id(value) not in seen, f"{path} is the same object as {seen[id(value)]}"
+            seen[id(value)] = path
+            for k, v in value.items() if isinstance(value, dict) else enumerate(value):
+                walk(v, f"{path}.{k}")
+
+    walk(job, "job")
+    walk(children.all(), "children")

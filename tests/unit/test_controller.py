@@ -596,3 +596,20 @@ def test_the_daemon_puts_no_finalizer_on_jobs() -> None:
     """A finalizer would cost a patch per job at creation and at deletion; the loop ends itself instead."""
     spawning = kopf.get_default_registry()._spawning.get_all_handlers()
     assert [(str(h.id), h.requires_finalizer) for h in spawning] == [("job_daemon", False)]
+
+
+def test_no_change_handlers_and_every_watch_handler_runs_on_the_event_loop() -> None:
+    """handlers.GenerationOnlyDiffBase gives kopf a generation instead of a copy of each object: right only while
+    no on.create/on.update/on.resume/on.delete handler exists, which would see no real diff. And kopf runs a sync
+    handler in a worker thread per watch event: every index and event handler must be `async`."""
+    registry = kopf.get_default_registry()
+    assert registry._changing.get_all_handlers() == []
+    watch_handlers = [*registry._indexing.get_all_handlers(), *registry._watching.get_all_handlers()]
+    assert watch_handlers and all(asyncio.iscoroutinefunction(h.fn) for h in watch_handlers), [
+        str(h.id) for h in watch_handlers if not asyncio.iscoroutinefunction(h.fn)]
+
+
+def test_the_diff_base_is_the_generation_and_copies_nothing() -> None:
+    storage = handlers.GenerationOnlyDiffBase(prefix="finetune.dev", key="last-handled-configuration")
+    body = kopf.Body({"metadata": {"name": "j", "generation": 3}, "spec": {"big": ["x"] * 1000}})
+    assert storage.build(body=body) == {"generation": 3}

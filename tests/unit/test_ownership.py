@@ -6,6 +6,7 @@ tests/controlplane/test_ownership.py runs the same cases through the real API se
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from datetime import datetime, timedelta
 from typing import Any
@@ -124,9 +125,10 @@ def test_the_child_index_records_the_controller_uid() -> None:
     labels = {"finetune.dev/job-name": "j"}
     body: Any = {"metadata": {"name": "j-config", "ownerReferences": [
         {"uid": "other", "controller": False}, {"uid": NEW, "controller": True}]}}  # fmt: skip
-    assert index(body=body, name="j-config", labels=labels, namespace="ns") == {
+    assert asyncio.run(index(body=body, name="j-config", labels=labels, namespace="ns")) == {
         ("ns", "j"): ("ConfigMap/j-config", NEW)}  # fmt: skip
-    assert index(body={"metadata": {"name": "j-config"}}, name="j-config", labels=labels, namespace="ns") == {
+    assert asyncio.run(index(body={"metadata": {"name": "j-config"}}, name="j-config", labels=labels,
+                             namespace="ns")) == {
         ("ns", "j"): ("ConfigMap/j-config", None)}  # fmt: skip
     # Secrets are not watched at all: the operator holds no list/watch on them (see the RBAC audit test).
     assert "secrets" not in handlers._CHILD_INDEXES
@@ -188,7 +190,7 @@ def test_a_deleted_child_or_squatter_wakes_the_jobs_loop() -> None:
     with loops.running(loop):
         loop.take(lambda: ([], {}))  # the first pass clears the wake-up
         on_service = handlers._on_child("Service")
-        on_service(type="MODIFIED", name="j", labels=labels, namespace="ns", memo=memo)
+        asyncio.run(on_service(type="MODIFIED", name="j", labels=labels, namespace="ns", memo=memo))
         assert not loop._woken.is_set()
-        on_service(type="DELETED", name="j", labels=labels, namespace="ns", memo=memo)
+        asyncio.run(on_service(type="DELETED", name="j", labels=labels, namespace="ns", memo=memo))
         assert loop._woken.is_set()
