@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -54,12 +56,13 @@ import peer_report  # noqa: E402
 import procstat  # noqa: E402
 from auditlog import count_requests, policy_for_user, watch_uris  # noqa: E402
 from benchio import write_json  # noqa: E402
-from operator_support import Kubelet, install_crd, running_operator  # noqa: E402
+from operator_support import Kubelet, NodeLogs, install_crd, running_operator  # noqa: E402
 
 from finetune_operator.admission import validate  # noqa: E402
 from finetune_operator.builders import desired  # noqa: E402
 from finetune_operator.k8s import Kube  # noqa: E402
 from finetune_operator.sshkeys import generate_keys  # noqa: E402
+from finetune_runtime.progress import format_line  # noqa: E402
 from ftjob_cluster import bins  # noqa: E402
 from ftjob_cluster.localcluster import (  # noqa: E402
     Etcd,
@@ -74,10 +77,12 @@ from ftjob_cluster.testing import make_kubectl  # noqa: E402
 OPERATOR_USER = "bench-operator"
 PEER_USER = "bench-peer"
 RAW_THREADS = 8
-POLL_SECONDS = 0.2  # how often the measurement lists a namespace's pods and Services
+NODE = "bench-node"
+HEARTBEAT_SECONDS = 10.0  # the node's Lease renewal (the node lifecycle controller's grace period is 50 s)
 
 
 SAMPLE = ROOT / "manifests" / "samples" / "cpu-bert-ja.yaml"
+CLAIMS = ("finetune-cache", "results")  # the sample's spec.compileCache and spec.output claims
 PODS_PER_JOB = 2  # the sample: 2 pods x 1 process, torchrun (checked against the builders in raw())
 
 
@@ -142,6 +147,105 @@ def settle(pid: int, busy: float = 0.05, window: float = 1.0, timeout: float = 6
         last = now
 
 
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+class Arrivals:
+    """When each job's pods and Services first appeared, from two watches of the namespace (metadata only: the
+    API server sends names and labels, not whole pods). A LIST every 0.2 s, as this benchmark first measured, made
+    the API server serialise every pod five times a second: CPU taken from the system under test."""
+
+    def __init__(self, api: client.ApiClient, ns: str, label: str) -> None:
+        self.label = label
+        self.counts: dict[str, Counter[str]] = {"pods": Counter(), "services": Counter()}
+        self.times: dict[str, dict[str, list[float]]] = {"pods": {}, "services": {}}  # job -> arrival clock times
+        self.seen: set[tuple[str, str]] = set()
+        self.changed = threading.Condition()
+        self.responses = [self._open(api, ns, plural) for plural in self.counts]  # open before the first create
+        for plural, resp in zip(self.counts, self.responses, strict=True):
+            threading.Thread(target=self._read, args=(plural, resp), daemon=True).start()
+
+    def _open(self, api: client.ApiClient, ns: str, plural: str) -> Any:
+        req = api.param_serialize(method="GET", resource_path=f"/api/v1/namespaces/{ns}/{plural}",
+                                  query_params=[("watch", "true"), ("labelSelector", self.label),
+                                                ("timeoutSeconds", "3600")],
+                                  header_params={"Accept": METADATA_ONLY},
+                                  auth_settings=["BearerToken"])  # fmt: skip
+        return api.call_api(*req).response  # the answer's headers are in: the watch is registered
+
+    def _read(self, plural: str, resp: Any) -> None:
+        with contextlib.suppress(Exception):  # closed by close()
+            for line in resp:
+                event = json.loads(line)
+                meta = event["object"].get("metadata") or {}
+                if event["type"] == "ADDED" and (plural, meta.get("name")) not in self.seen:
+                    self.seen.add((plural, meta["name"]))
+                    job = (meta.get("labels") or {}).get(self.label, "")
+                    with self.changed:
+                        self.counts[plural][job] += 1
+                        self.times[plural].setdefault(job, []).append(time.monotonic())
+                        self.changed.notify_all()
+
+    def complete_at(self, job: str, pods: int, services: int) -> float | None:
+        """When `job` had `pods` pods and `services` Services (clock time of the last to arrive), or None."""
+        have_pods, have_services = self.times["pods"].get(job, []), self.times["services"].get(job, [])
+        if len(have_pods) < pods or len(have_services) < services:
+            return None
+        return max(sorted(have_pods)[pods - 1], sorted(have_services)[services - 1] if services else 0.0)
+
+    def close(self) -> None:
+        for resp in self.responses:
+            resp.shutdown()  # unblocks the reader thread's read (urllib3 2.3+); close() alone would wait for it
+            resp.release_conn()
+
+
+class BenchNode(NodeLogs):
+    """One node with room for every pod, kept Ready by renewing its Lease as a kubelet does: the scheduler binds
+    every pod to it, as on a cluster with capacity (without a node, every pod is Unschedulable and each job's
+    status reports it: a status patch a real cluster does not see). Its kubelet endpoint serves rank 0's log
+    (NodeLogs), so the operator's progress reads go through the API server's real pods/log proxy."""
+
+    def __init__(self, api: client.ApiClient, pki: Path) -> None:
+        super().__init__(api, pki, NODE)
+        room = {"cpu": "100k", "memory": "100Pi", "pods": "100k"}
+        self.core.patch_node_status(NODE, {"status": {"capacity": room, "allocatable": room, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "benchmark node",
+             "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}})  # fmt: skip
+        self.api = api
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": NODE},
+                 "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40, "renewTime": _now(micro=True)}}
+        _request(api, "POST", LEASES, lease)  # plain JSON: the generated model reformats MicroTime wrongly
+        self.stopping = threading.Event()
+        self.heart = threading.Thread(target=self._beat, daemon=True)
+        self.heart.start()
+
+    def _beat(self) -> None:
+        while not self.stopping.wait(HEARTBEAT_SECONDS):
+            with contextlib.suppress(Exception):  # one missed beat is within the grace period
+                _request(self.api, "PATCH", f"{LEASES}/{NODE}", {"spec": {"renewTime": _now(micro=True)}})
+
+    def close(self) -> None:
+        self.stopping.set()
+        super().close()
+
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+
+
+def _request(api: client.ApiClient, method: str, path: str, body: dict[str, Any]) -> None:
+    content = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    req = api.param_serialize(method=method, resource_path=path, body=body, auth_settings=["BearerToken"],
+                              header_params={"Content-Type": content, "Accept": "application/json"})  # fmt: skip
+    resp = api.call_api(*req)
+    resp.read()
+    if not 200 <= resp.status <= 299:
+        raise RuntimeError(f"{method} {path}: {resp.status}")
+
+
+def _now(micro: bool = False) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + (".000000Z" if micro else "Z")
+
+
 class Bench:
     def __init__(self, cluster: LocalCluster, audit_log: Path, workdir: Path) -> None:
         self.cluster = cluster
@@ -151,6 +255,14 @@ class Bench:
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.kubectl = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)
+        writer = copy.copy(self.api.configuration)
+        writer.connection_pool_maxsize = RAW_THREADS
+        self.writer = client.ApiClient(writer)  # raw's objects and every system's jobs: RAW_THREADS at a time
+
+    def control_plane_cpu(self) -> float:
+        """CPU seconds used so far by the API server and etcd: what the writes cost on the server side."""
+        return sum(procstat.usage(c.process.pid).cpu_seconds for c in self.cluster.components
+                   if isinstance(c, KubeApiserver | Etcd) and c.process is not None)  # fmt: skip
 
     def install(self) -> Path:
         install_crd(self.kubectl, wait_for)
@@ -168,7 +280,28 @@ class Bench:
             return any(a.metadata.name == "default" for a in self.core.list_namespaced_service_account(name).items)
 
         wait_for(has_default_account, timeout=60, message=f"service account {name}/default")
+        self.claims(name)
         return name
+
+    def claims(self, ns: str) -> None:
+        """The sample's claims (compile cache and output), each bound to a volume of its own: without them the
+        scheduler leaves every pod Pending ("persistentvolumeclaim not found") and each job reports it."""
+        for claim in CLAIMS:
+            volume = f"{ns}-{claim}"
+            self.core.create_persistent_volume({
+                "metadata": {"name": volume},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                         "hostPath": {"path": f"/tmp/ftjob-bench-volumes/{volume}"},
+                         "claimRef": {"namespace": ns, "name": claim}}})  # fmt: skip
+            self.core.create_namespaced_persistent_volume_claim(ns, {
+                "metadata": {"name": claim},
+                "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
+                         "resources": {"requests": {"storage": "1Gi"}}}})  # fmt: skip
+
+        def bound() -> bool:
+            return all(c.status.phase == "Bound" for c in self.core.list_namespaced_persistent_volume_claim(ns).items)
+
+        wait_for(bound, timeout=60, message=f"claims {', '.join(CLAIMS)} in {ns} bound")
 
     # --- 1. raw ------------------------------------------------------------------------------------------
     def raw(self, jobs: int, ranks: int = PODS_PER_JOB, ns: str = "bench-raw") -> dict[str, Any]:
@@ -182,53 +315,64 @@ class Bench:
             for obj in children.all():
                 obj["metadata"].pop("ownerReferences", None)  # no such owner exists; GC would remove them
                 objs.append(obj)
-        kube = Kube(client.ApiClient(self.api.configuration))  # the operator's own create path
+        kube = Kube(self.writer)  # the operator's own create path
 
+        cpu = self.control_plane_cpu()
         start = time.monotonic()
         with ThreadPoolExecutor(RAW_THREADS) as pool:
             list(pool.map(kube.create, objs))
         seconds = time.monotonic() - start
         return {"objects": len(objs), "seconds": round(seconds, 3), "objectsPerSecond": round(len(objs) / seconds, 1),
-                "threads": RAW_THREADS, "perJob": len(objs) / jobs}  # fmt: skip
+                "threads": RAW_THREADS, "perJob": len(objs) / jobs,
+                "controlPlaneCpuSeconds": round(self.control_plane_cpu() - cpu, 2)}  # fmt: skip
 
     # --- 2. an operator: ours or the peer, one code path -------------------------------------------------------
-    def operator(self, jobs: int) -> tuple[dict[str, Any], str]:
-        ns = self.namespace("bench-op")
-        return self.measure(OURS, ns, jobs), ns
-
     def measure(self, system: System, ns: str, jobs: int, ranks: int = PODS_PER_JOB) -> dict[str, Any]:
-        """Create `jobs` jobs at once; a job's clock stops when its `ranks` pods and its Services exist."""
-        mark = count_requests(self.audit_log, system.user)
-        created: dict[str, float] = {}
-        start = time.monotonic()
-        for i in range(jobs):
-            name = f"job-{i}"
-            self.custom.create_namespaced_custom_object(system.group, system.version, ns, system.plural,
-                                                        system.manifest(name, ns, ranks))  # fmt: skip
-            created[name] = time.monotonic()
-        done: dict[str, float] = {}
-        deadline = time.monotonic() + max(120, jobs * 3, ranks * 3)
+        """Create `jobs` jobs at once; a job's clock stops when its `ranks` pods and its Services exist. Requests
+        are this namespace's (other jobs' progress reads go on meanwhile in the operator's own session)."""
+        mark = count_requests(self.audit_log, system.user, ns)
+        arrivals = Arrivals(self.api, ns, system.job_label)
         want_services = system.services_per_job(ranks)
-        while len(done) < jobs:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{system.name}: only {len(done)}/{jobs} jobs got their children in time")
-            pods: Counter[str] = Counter()
-            services: Counter[str] = Counter()
-            for pod in self.core.list_namespaced_pod(ns, label_selector=system.job_label).items:
-                pods[pod.metadata.labels[system.job_label]] += 1
-            for svc in self.core.list_namespaced_service(ns, label_selector=system.job_label).items:
-                services[svc.metadata.labels[system.job_label]] += 1
-            now = time.monotonic()
-            for name, count in pods.items():
-                if name not in done and count == ranks and services[name] == want_services:
-                    done[name] = now
-            time.sleep(POLL_SECONDS)
+        created: dict[str, float] = {}
+        done: dict[str, float] = {}
+
+        def record() -> None:  # under arrivals.changed; the times are the watch events' arrivals
+            for name in created.keys() - done.keys():
+                if (at := arrivals.complete_at(name, ranks, want_services)) is not None:
+                    done[name] = at
+
+        path = f"/apis/{system.group}/{system.version}/namespaces/{ns}/{system.plural}"
+
+        def create(i: int) -> None:
+            _request(self.writer, "POST", path, system.manifest(f"job-{i}", ns, ranks))
+            created[f"job-{i}"] = time.monotonic()
+
+        cpu = self.control_plane_cpu()
+        start = time.monotonic()
+        try:
+            # Created at once as raw creates its objects: RAW_THREADS at a time, plain JSON.
+            with ThreadPoolExecutor(RAW_THREADS) as pool:
+                list(pool.map(create, range(jobs)))
+            create_seconds = time.monotonic() - start
+            deadline = time.monotonic() + max(120, jobs * 3, ranks * 3)
+            with arrivals.changed:
+                while True:
+                    record()
+                    if len(done) == jobs:
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{system.name}: only {len(done)}/{jobs} jobs got their children in time")
+                    arrivals.changed.wait(1.0)
+        finally:
+            arrivals.close()
+        cpu = self.control_plane_cpu() - cpu
         latencies = [done[n] - created[n] for n in created]
-        used = count_requests(self.audit_log, system.user) - mark
+        used = count_requests(self.audit_log, system.user, ns) - mark
         return {
             "jobs": jobs,
             "ranks": ranks,
-            "createSeconds": round(max(created.values()) - start, 3),
+            "controlPlaneCpuSeconds": round(cpu, 2),
+            "createSeconds": round(create_seconds, 3),
             "makespanSeconds": round(max(done.values()) - start, 3),
             "latencySeconds": {"p50": round(statistics.median(latencies), 3),
                                "p95": round(percentile(latencies, 0.95), 3), "max": round(max(latencies), 3)},
@@ -236,72 +380,125 @@ class Bench:
             "requestsPerJob": round(sum(used.values()) / jobs, 1),
         }  # fmt: skip
 
-    def delete_all(self, system: System, ns: str, timeout: float = 300.0) -> None:
-        """Delete every job of `system` in `ns` and wait until the garbage collector has removed its pods."""
+    def delete_all(self, system: System, ns: str, timeout: float = 600.0) -> None:
+        """Delete every job of `system` in `ns` and wait until the garbage collector has removed its pods. The
+        pods are on a node with no kubelet to confirm their graceful deletion: the benchmark confirms it (grace
+        period 0), as tests/controlplane's Kubelet does."""
         self.custom.delete_collection_namespaced_custom_object(system.group, system.version, ns, system.plural)
 
         def gone() -> bool:
-            return not self.core.list_namespaced_pod(ns, label_selector=system.job_label).items and not (
+            pods = self.core.list_namespaced_pod(ns, label_selector=system.job_label).items
+            if any(p.metadata.deletion_timestamp for p in pods):
+                self.core.delete_collection_namespaced_pod(ns, label_selector=system.job_label, grace_period_seconds=0)
+            return not pods and not (
                 self.custom.list_namespaced_custom_object(system.group, system.version, ns, system.plural)["items"])
 
         wait_for(gone, timeout=timeout, interval=1.0, message=f"{system.name}'s jobs and pods in {ns} deleted")
 
-    def session(self, system: System, pid: int, ns_prefix: str, jobs: int, wide: int) -> dict[str, Any]:
-        """One turn of a running operator (process `pid`): N jobs x 2 ranks, 1 job x `wide` ranks, then every
-        job deleted. CPU is counted from the first create until the last job's children exist."""
+    def session(self, system: System, pid: int, ns_prefix: str, jobs: int, wide: int,
+                steady: Callable[[str, int], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One turn of a running operator (process `pid`): one job created and deleted (the operator's first
+        job loads modules and makes its client: RSS "warm"), N jobs x 2 ranks, 1 job x `wide` ranks, optionally
+        the steady state of the N jobs training, then every job deleted. CPU is counted from the first
+        create until the last job's children exist."""
         narrow_ns, wide_ns = self.namespace(f"{ns_prefix}-narrow"), self.namespace(f"{ns_prefix}-wide")
+        warm_ns = self.namespace(f"{ns_prefix}-warm")
         settle(pid)
         out: dict[str, Any] = {"rssAtRestMiB": round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)}
+        self.measure(system, warm_ns, 1)
+        self.delete_all(system, warm_ns)
+        settle(pid)
+        out["rssWarmMiB"] = round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)
         before = procstat.usage(pid).cpu_seconds
         out["narrow"] = self.measure(system, narrow_ns, jobs)
         after = procstat.usage(pid)
         out["narrow"]["cpuMsPerJob"] = round((after.cpu_seconds - before) * 1000 / jobs, 1)
         out["rssPeakMiB"] = round(after.peak_rss_bytes / procstat.MIB, 1)
-        settle(pid)  # the N jobs' later passes (status patches) would otherwise count as the wide job's requests
+        settle(pid)  # the N jobs' later passes (status patches) would otherwise land in the wide job's run
         out["wide"] = self.measure(system, wide_ns, 1, wide)
         out["rssPeakAfterWideMiB"] = round(procstat.usage(pid).peak_rss_bytes / procstat.MIB, 1)
+        if steady is not None:  # after the wide job, which then runs as alone as raw's did
+            out["steady"] = steady(narrow_ns, jobs)
+            out["rssSteadyMiB"] = round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)
+            print(f"steady: {json.dumps(out['steady'])}", flush=True)
         for ns in (narrow_ns, wide_ns):
             self.delete_all(system, ns)
-        settle(pid)  # the operator's own clean-up after the last deletion event (finalizers, index entries)
+        settle(pid)  # the operator's own clean-up after the last deletion event (loops ending, index entries)
         out["rssAfterDeleteMiB"] = round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)
+        # A second wave of N jobs, made and deleted: RSS that stays at the first wave's high-water mark is memory
+        # kept for reuse (CPython's and malloc's free lists); RSS that grows again would be a leak.
+        again_ns = self.namespace(f"{ns_prefix}-again")
+        out["again"] = self.measure(system, again_ns, jobs)
+        self.delete_all(system, again_ns)
+        settle(pid)
+        out["rssAfterSecondWaveMiB"] = round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)
         return out
 
     def raw_turn(self, ns_prefix: str, jobs: int, wide: int) -> dict[str, Any]:
         out = {"narrow": self.raw(jobs, ns=f"{ns_prefix}-narrow"), "wide": self.raw(1, wide, ns=f"{ns_prefix}-wide")}
-        for ns in (f"{ns_prefix}-narrow", f"{ns_prefix}-wide"):  # no owner: nothing collects them
-            self.kubectl("delete", "pods,services,configmaps,secrets", "--all", "-n", ns, timeout=600)
+        for ns in (f"{ns_prefix}-narrow", f"{ns_prefix}-wide"):  # no owner: nothing collects them but the
+            # namespace's deletion; the pods first, at once (no kubelet confirms a graceful deletion here)
+            self.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+            self.core.delete_namespace(ns)
+        for ns in (f"{ns_prefix}-narrow", f"{ns_prefix}-wide"):
+            wait_for(lambda ns=ns: ns not in {n.metadata.name for n in self.core.list_namespace().items},
+                     timeout=600, interval=1.0, message=f"namespace {ns} deleted")  # fmt: skip
         return out
 
     # --- 3. steady state -------------------------------------------------------------------------------------
-    def steady(self, ns: str, jobs: int, window: float) -> dict[str, Any]:
+    def steady(self, node: BenchNode, ns: str, jobs: int, window: float, log_every: float) -> dict[str, Any]:
+        """Every pod reported Running; every rank 0's log (served by the node) gets a new progress line every
+        `log_every` seconds, so each of the operator's reads finds a change; its requests in `ns` over `window`."""
         kubelet = Kubelet(self.api, ns, finalize_deletions=False)
+        keys = []
         for pod in self.core.list_namespaced_pod(ns, label_selector="finetune.dev/job-name").items:
-            kubelet.set_status(pod.metadata.name, "Running")
+            name = pod.metadata.name
+            if name.endswith("-rank-0"):
+                keys.append((ns, name, "trainer"))
+                node.logs[keys[-1]] = ""
+            kubelet.set_status(name, "Running")
+        stop = threading.Event()
+
+        def train() -> None:
+            step = 0
+            while not stop.wait(log_every):
+                step += 1
+                line = format_line("train", step=step, totalSteps=100_000, loss=round(2.0 - step / 1000, 4)) + "\n"
+                for key in keys:
+                    node.logs[key] = line  # the tail is all the operator reads
 
         def all_running() -> bool:
             items = self.custom.list_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs")["items"]
             return sum((j.get("status") or {}).get("phase") == "Running" for j in items) == jobs
 
-        wait_for(all_running, timeout=max(120, jobs * 2), message="every job Running")
-        time.sleep(2)  # let the passes the Running transition triggered finish
-        mark = count_requests(self.audit_log, OPERATOR_USER)
-        time.sleep(window)
-        used = count_requests(self.audit_log, OPERATOR_USER) - mark
+        writer = threading.Thread(target=train, daemon=True)
+        writer.start()
+        try:
+            wait_for(all_running, timeout=max(120, jobs * 2), message="every job Running")
+            time.sleep(2)  # let the passes the Running transition triggered finish
+            mark = count_requests(self.audit_log, OPERATOR_USER, ns)
+            time.sleep(window)
+            used = count_requests(self.audit_log, OPERATOR_USER, ns) - mark
+        finally:
+            stop.set()
+            writer.join()
         total = sum(used.values())
-        return {"jobs": jobs, "windowSeconds": window, "requests": dict(sorted(used.items())),
-                "requestsPerSecond": round(total / window, 2),
-                "requestsPerJobPerMinute": round(total / window * 60 / jobs, 1)}  # fmt: skip
+        return {"jobs": jobs, "windowSeconds": window, "logLineEverySeconds": log_every,
+                "requests": dict(sorted(used.items())), "requestsPerSecond": round(total / window, 2),
+                "requestsPerJobPerMinute": round(total / window * 60 / jobs, 2)}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=50, help="jobs of 2 ranks created at once")
-    ap.add_argument("--window", type=float, default=30.0, help="seconds of steady-state measurement")
+    ap.add_argument("--wide", type=int, default=64, help="ranks of the one wide job")
+    ap.add_argument("--window", type=float, default=120.0,
+                    help="seconds of steady-state measurement (our operator, without --peer; 0: none)")
+    ap.add_argument("--log-every", type=float, default=5.0, help="seconds between progress lines in every log")
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
     peer = ap.add_argument_group("raw, ours and the Kubeflow peer, interleaved (make bench-peer)")
-    peer.add_argument("--peer", action="store_true", help="measure raw, ours and the peer instead of raw, ours, steady")
+    peer.add_argument("--peer", action="store_true", help="measure raw, ours and the peer (no steady state)")
     peer.add_argument("--rounds", type=int, default=1, help="interleaved rounds (the order rotates each round)")
-    peer.add_argument("--wide", type=int, default=64, help="ranks of the one wide job")
     peer.add_argument("--systems", default="raw,ours,peer", help="which of raw,ours,peer to run (comma-separated)")
     peer.add_argument("--readme", type=Path, help="write the table into this Markdown file's bench-peer block")
     args = ap.parse_args(argv)
@@ -311,9 +508,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--systems: unknown {', '.join(unknown)}; use raw, ours and/or peer")
     if args.jobs < 1 or args.rounds < 1 or args.wide < 1:
         ap.error("--jobs, --rounds and --wide must be at least 1")
+    if args.window < 0 or args.log_every <= 0:
+        ap.error("--window must be at least 0 and --log-every above 0")
     if (args.readme or args.rounds != 1 or args.systems != "raw,ours,peer") and not args.peer:
         ap.error("--rounds, --systems and --readme belong to --peer")
-    args.systems = systems
+    args.systems = systems if args.peer else ["raw", "ours"]
+    if args.peer:
+        args.window = 0.0  # each system alone, measured the same way: the peer reads no progress
     return args
 
 
@@ -337,23 +538,15 @@ def main(argv: list[str] | None = None) -> int:
     with cluster:
         bench = Bench(cluster, audit_log, work)
         operator_kubeconfig = bench.install()
-        if args.peer:
-            results.update(peer_mode(bench, args, operator_kubeconfig, work))
-        else:
-            results["raw"] = bench.raw(args.jobs)
-            print(f"raw: {results['raw']}", flush=True)
-            with running_operator(operator_kubeconfig, wait_for, work / "operator.log"):
-                results["operator"], ns = bench.operator(args.jobs)
-                print(f"operator: {results['operator']}", flush=True)
-                results["steady"] = bench.steady(ns, args.jobs, args.window)
-                print(f"steady: {results['steady']}", flush=True)
-                results["watches"] = watch_uris(audit_log, OPERATOR_USER)
-    if args.peer:
-        print(peer_report.table(results))
-        if args.readme:
-            peer_report.write_section(args.readme, peer_report.section(results, peer_report.command(results)))
-    else:
-        print(report(results))
+        node = BenchNode(bench.api, cluster.directory / "pki")
+        try:
+            results.update(turns(bench, args, operator_kubeconfig, work, node))
+        finally:
+            node.close()
+        results["watches"] = watch_uris(audit_log, OPERATOR_USER)
+    print(peer_report.table(results))
+    if args.readme:
+        peer_report.write_section(args.readme, peer_report.section(results, peer_report.command(results)))
     write_json(args.json, results)
     print(f"logs and audit log: {work}")
     return 0
@@ -374,7 +567,10 @@ def running(bench: Bench, system: str, operator_kubeconfig: Path, work: Path, ta
         yield peer.pid
 
 
-def peer_mode(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path, work: Path) -> dict[str, Any]:
+def turns(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path, work: Path,
+          node: BenchNode) -> dict[str, Any]:
+    """Every system's turn, interleaved over the rounds; our operator's turn includes the steady state when
+    `--window` is set."""
     if "peer" in args.systems:
         from ftjob_cluster.peer import PeerProcess
 
@@ -393,31 +589,19 @@ def peer_mode(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path,
             if system == "raw":
                 this["raw"] = bench.raw_turn(prefix, args.jobs, args.wide)
             else:
+                steady = None
+                if system == "ours" and args.window:
+                    def steady(ns: str, jobs: int) -> dict[str, Any]:
+                        return bench.steady(node, ns, jobs, args.window, args.log_every)
                 with running(bench, system, operator_kubeconfig, work, f"{r}") as pid:
                     this[system] = bench.session(OURS if system == "ours" else PEER, pid, prefix, args.jobs,
-                                                 args.wide)  # fmt: skip
+                                                 args.wide, steady)  # fmt: skip
             this[system]["loadAfter"] = round(os.getloadavg()[0], 1)  # other work on the machine shows here
             print(f"round {r} {system}: {json.dumps(this[system])}", flush=True)
             if args.json:  # what is done so far survives a later failure
                 write_json(args.json.with_suffix(".partial.json"), {**out, "rounds": [*out["rounds"], this]})
         out["rounds"].append(this)
     return out
-
-
-def report(r: dict[str, Any]) -> str:
-    raw, op, st = r["raw"], r["operator"], r["steady"]
-    lat = op["latencySeconds"]
-    return "\n".join([
-        f"| {op['jobs']} jobs, {r['machine']['cpus']} CPUs | value |",
-        "|---|---|",
-        f"| raw API: children created ({raw['objects']} objects, {raw['threads']} threads) | "
-        f"{raw['seconds']} s ({raw['objectsPerSecond']} objects/s) |",
-        f"| operator: all jobs' children created (makespan) | {op['makespanSeconds']} s |",
-        f"| operator: job created -> children exist, p50 / p95 / max | {lat['p50']} / {lat['p95']} / {lat['max']} s |",
-        f"| operator: API requests per job until then | {op['requestsPerJob']} |",
-        f"| operator, steady state (all Running): requests/s | {st['requestsPerSecond']} |",
-        f"| ... per job per minute | {st['requestsPerJobPerMinute']} |",
-    ])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,17 +13,21 @@ from typing import Any
 BEGIN = "<!-- bench-peer:begin (written by benchmarks/operator_scale.py --peer --readme) -->"
 END = "<!-- bench-peer:end -->"
 
-Getter = Callable[[dict[str, Any]], float]
+Getter = Callable[[dict[str, Any]], float | None]  # None: not measured in this turn (older results, no steady)
+
+
+def _values(rounds: list[dict[str, Any]], system: str, get: Getter) -> list[float]:
+    return [v for r in rounds if system in r and (v := get(r[system])) is not None]
 
 
 def _median(rounds: list[dict[str, Any]], system: str, get: Getter) -> float | None:
-    values = [get(r[system]) for r in rounds if system in r]
+    values = _values(rounds, system, get)
     return statistics.median(values) if values else None
 
 
 def _spread(rounds: list[dict[str, Any]], system: str, get: Getter, fmt: str) -> str:
     """The median, and the range across rounds when they differ."""
-    values = [get(r[system]) for r in rounds if system in r]
+    values = _values(rounds, system, get)
     if not values:
         return "–"
     med = fmt.format(statistics.median(values))
@@ -48,6 +52,8 @@ def table(results: dict[str, Any]) -> str:
         # (label, value of ours and of the peer, value of raw or None, format)
         (f"{jobs} jobs × 2 ranks: makespan to every pod and Service",
          lambda s: s["narrow"]["makespanSeconds"], lambda r: r["narrow"]["seconds"], "{:.2f} s"),
+        (f"{jobs} jobs: API server + etcd CPU until then", lambda s: s["narrow"].get("controlPlaneCpuSeconds"),
+         lambda r: r["narrow"].get("controlPlaneCpuSeconds"), "{:.1f} s"),
         (f"{jobs} jobs: per-job latency p50", lambda s: s["narrow"]["latencySeconds"]["p50"], None, "{:.2f} s"),
         (f"{jobs} jobs: per-job latency p95", lambda s: s["narrow"]["latencySeconds"]["p95"], None, "{:.2f} s"),
         (f"{jobs} jobs: per-job latency max", lambda s: s["narrow"]["latencySeconds"]["max"], None, "{:.2f} s"),
@@ -56,12 +62,22 @@ def table(results: dict[str, Any]) -> str:
         ("operator CPU per 2-rank job (until its children exist)", lambda s: s["narrow"]["cpuMsPerJob"], None,
          "{:.0f} ms"),
         ("operator RSS at rest", lambda s: s["rssAtRestMiB"], None, "{:.0f} MiB"),
+        ("operator RSS warm (one job made and deleted: modules, client, pools)", lambda s: s.get("rssWarmMiB"),
+         None, "{:.0f} MiB"),
         (f"operator RSS peak (start + the {jobs}-job run)", lambda s: s["rssPeakMiB"], None, "{:.0f} MiB"),
+        (f"operator RSS with the {jobs} jobs Running, after the steady window", lambda s: s.get("rssSteadyMiB"),
+         None, "{:.0f} MiB"),
         ("operator RSS after every job is deleted", lambda s: s["rssAfterDeleteMiB"], None, "{:.0f} MiB"),
+        (f"operator RSS after a second wave of {jobs} jobs, made and deleted", lambda s: s.get("rssAfterSecondWaveMiB"),
+         None, "{:.0f} MiB"),
         ("API requests per job until its children exist, 2 ranks", lambda s: s["narrow"]["requestsPerJob"],
          lambda r: r["narrow"]["perJob"], "{:.1f}"),
         (f"API requests per job until its children exist, {wide} ranks", lambda s: s["wide"]["requestsPerJob"],
          lambda r: r["wide"]["perJob"], "{:.0f}"),
+        (f"steady, {jobs} jobs training (every log changing): requests per job per minute",
+         lambda s: (s.get("steady") or {}).get("requestsPerJobPerMinute"), None, "{:.2f}"),
+        (f"steady, {jobs} jobs training: the operator's requests per second",
+         lambda s: (s.get("steady") or {}).get("requestsPerSecond"), None, "{:.2f}"),
     ]  # fmt: skip
     out = ["| workload | ours | peer | raw | ours:raw | ours:peer |", "|---|---|---|---|---|---|"]
     for label, get, get_raw, fmt in rows:

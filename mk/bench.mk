@@ -1,6 +1,6 @@
 # Benchmarks: numbers, never pass/fail (see benchmarks/README.md). Not part of `make test`.
 # QUICK=1 (or `make bench-quick`): every benchmark in a short form, under 5 minutes on an idle 2-core machine.
-BENCH_JOBS ?= $(if $(QUICK),20,50)
+BENCH_JOBS ?= $(if $(QUICK),20,200)
 BENCH_OUT ?= benchmarks/results/latest
 BENCH_QUICK := $(if $(QUICK),--quick,)
 
@@ -17,8 +17,8 @@ bench-quick: ## The whole benchmark set in its short form (make bench QUICK=1)
 bench-render: setup ## Pure builders: renders per second for every sample
 	$(PY) benchmarks/render.py $(if $(QUICK),--seconds 0.5,) --json $(BENCH_OUT)/render.json
 
-bench-operator: setup k8s-bins ## Operator vs raw API on a real control plane (BENCH_JOBS jobs, audit-log request counts)
-	$(PY) benchmarks/operator_scale.py --jobs $(BENCH_JOBS) $(if $(QUICK),--window 10,) --json $(BENCH_OUT)/operator-scale.json
+bench-operator: setup k8s-bins ## Operator vs raw API on a real control plane: BENCH_JOBS (200) jobs, a 64-rank job, the steady state of the jobs training, deletion; BENCH_JOBS=1000 for the large run
+	$(PY) benchmarks/operator_scale.py --jobs $(BENCH_JOBS) $(if $(QUICK),--window 35,) --json $(BENCH_OUT)/operator-scale.json
 
 bench-runtime: setup ## Our runtime vs a bare HF Trainer script, A/B interleaved: samples/s ratio, time to first step
 	$(PY) benchmarks/runtime_overhead.py $(BENCH_QUICK) --json $(BENCH_OUT)/runtime-overhead.json
