@@ -7,9 +7,9 @@ The data are examples/data/ja-reviews (400 reviews) repeated `--scale` times int
 tokenizer is examples/models/tiny-bert-ja (BertJapaneseTokenizer: MeCab with unidic-lite, then WordPiece).
 1. MeCab alone (fugashi through transformers' MecabTokenizer): texts/s, characters/s, words/s.
 2. The whole tokenizer (MeCab + WordPiece, truncation at maxLength), one batched call: texts/s, tokens/s.
-3. The runtime's own path (finetune_runtime.data.load_or_build with train.build_classification, as the worker
-   calls it, under a fresh FTJOB_CACHE_DIR): the first call loads the JSON, maps labels, tokenises and saves;
-   the second finds the entry and loads it. Reported: both times and first / second.
+3. The runtime's own path (finetune_runtime.data.load_or_build with the text-classification task plugin's
+   build_dataset, as the worker calls it, under a fresh FTJOB_CACHE_DIR): the first call loads the JSON, maps
+   labels, tokenises and saves; the second finds the entry and loads it. Reported: both times and first / second.
 """
 
 from __future__ import annotations
@@ -80,10 +80,9 @@ def tokenizer_throughput(texts: list[str], max_length: int) -> dict[str, float]:
 def cache_first_vs_second(data_dir: Path, work: Path, repeats: int) -> dict[str, Any]:
     import datasets  # type: ignore[import-untyped,unused-ignore]
 
-    from finetune_runtime import data
+    from finetune_runtime import data, tasks
     from finetune_runtime.config import JobConfig
     from finetune_runtime.tokenization import load_tokenizer
-    from finetune_runtime.train import build_classification
 
     doc = json.loads(CONFIG.read_text(encoding="utf-8"))
     doc["task"]["dataset"]["path"] = str(data_dir)
@@ -95,12 +94,12 @@ def cache_first_vs_second(data_dir: Path, work: Path, repeats: int) -> dict[str,
     datasets.disable_progress_bars()
     seed = cfg.training.seed
     tokenizer = load_tokenizer(task.tokenizer_name)
-    names = data.label_names(task)
     key = data.cache_key(data.key_inputs(task, seed))
+    plugin = tasks.get(task.type)  # the worker's own path (train.py)
 
     def build() -> Any:
         raw = data.load_raw(task.dataset, cache_dir=str(work / "hf-datasets"))
-        return build_classification(raw, task, tokenizer, names, seed, pad_to_max=False)
+        return plugin.build_dataset(raw, task, tokenizer, seed, False)
 
     cache_root = work / "ftjob-cache" / "datasets"
     first_secs, (dsets, hit) = timed(lambda: data.load_or_build(cache_root, key, build, contextlib.nullcontext))

@@ -7,15 +7,18 @@ BENCH_QUICK := $(if $(QUICK),--quick,)
 BENCH_PEER_JOBS ?= $(if $(QUICK),20,200)
 BENCH_PEER_ROUNDS ?= 1
 
-.PHONY: bench bench-quick bench-render bench-operator bench-runtime bench-data bench-compile-cache bench-gpu bench-peer peer-bin
+.PHONY: bench bench-quick bench-render bench-request-cost bench-operator bench-runtime bench-data bench-compile-cache bench-gpu bench-peer peer-bin
 
-bench: bench-render bench-data bench-runtime $(if $(QUICK),,bench-compile-cache) bench-operator ## Every benchmark but the Kubeflow peer comparison (make bench-peer: 13 minutes alone under load); results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
+bench: bench-render bench-data bench-runtime $(if $(QUICK),,bench-compile-cache) bench-request-cost bench-operator ## Every benchmark but the Kubeflow peer comparison (make bench-peer: 13 minutes alone under load); results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
 
 bench-quick: ## The whole benchmark set in its short form (make bench QUICK=1)
 	$(MAKE) bench QUICK=1
 
 bench-render: setup ## Pure builders: renders per second for every sample
 	$(PY) benchmarks/render.py $(if $(QUICK),--seconds 0.5,) --json $(BENCH_OUT)/render.json
+
+bench-request-cost: setup k8s-bins ## API server + etcd CPU per request kind (children, Event, FineTuneJob create, status patch): the floor under ours:raw
+	$(PY) benchmarks/request_cost.py --requests $(if $(QUICK),50,200) --json $(BENCH_OUT)/request-cost.json
 
 bench-operator: setup k8s-bins ## Operator vs raw API on a real control plane: BENCH_JOBS (200) jobs, a 64-rank job, the steady state of the jobs training, deletion; BENCH_JOBS=1000 for the large run
 	$(PY) benchmarks/operator_scale.py --jobs $(BENCH_JOBS) $(if $(QUICK),--window 35,) --json $(BENCH_OUT)/operator-scale.json

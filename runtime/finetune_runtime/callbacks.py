@@ -16,28 +16,38 @@ from transformers import TrainerCallback
 from finetune_runtime import checkpoints
 from finetune_runtime.progress import ProgressEmitter, clean_metrics, utc_now
 
+# An epoch-end save bounds what a restart loses to one epoch. When the newest checkpoint (or the start of
+# training) is younger than this, the save costs more than the work it protects: with short epochs (a small model
+# or dataset) a save per epoch was the runtime's whole overhead over a bare Trainer (benchmarks/README.md).
+EPOCH_SAVE_MIN_SECONDS = 60.0
+
 
 class ProgressCallback(TrainerCallback):
-    """Progress lines + checkpoint completeness markers + a checkpoint at every epoch end."""
+    """Progress lines + checkpoint completeness markers + a checkpoint at every epoch end (unless the newest
+    one is under EPOCH_SAVE_MIN_SECONDS old)."""
 
     def __init__(self, emitter: ProgressEmitter, precompile: bool, save_each_epoch: bool,
-                 on_checkpoint: Callable[[Path], str | None] | None = None) -> None:
+                 on_checkpoint: Callable[[Path], str | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.emitter = emitter
         self.on_checkpoint = on_checkpoint  # after the marker (rank 0): e.g. the S3 upload; returns a URL
         self.precompile = precompile
         self.save_each_epoch = save_each_epoch
-        self.t0 = self.t_last = time.monotonic()
+        self.clock = clock
+        self.t0 = self.t_last = self.saved_at = clock()
         self.step0 = self.step_last = 0
         self.last_eval: tuple[int, dict[str, Any]] | None = None
         self.last_saved = -1
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.t0 = self.t_last = time.monotonic()
+        self.t0 = self.t_last = self.saved_at = self.clock()  # a resume starts from a checkpoint: as if just saved
         self.step0 = self.step_last = state.global_step  # after a resume, count from where it resumed
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
-        # Never lose an epoch of work; skip when this very step was just saved (step schedule, last step).
-        if self.save_each_epoch and self.last_saved != state.global_step:
+        # Never lose an epoch of work; skip when this very step was just saved (step schedule, last step), or
+        # when the newest checkpoint is too young to be worth another (EPOCH_SAVE_MIN_SECONDS).
+        if (self.save_each_epoch and self.last_saved != state.global_step
+                and self.clock() - self.saved_at >= EPOCH_SAVE_MIN_SECONDS):
             control.should_save = True
         return control
 
@@ -65,6 +75,7 @@ class ProgressCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.last_saved = state.global_step
+        self.saved_at = self.clock()
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and ckpt.is_dir():
             checkpoints.mark_complete(ckpt)

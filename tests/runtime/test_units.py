@@ -669,3 +669,30 @@ def test_torch_compile_toolchain_problem_names_what_is_missing(monkeypatch: pyte
     monkeypatch.setenv("CXX", "/nonexistent/g++")
     problem = toolchain_problem()
     assert problem and "a C++ compiler (g++)" in problem and "finetune-operator image" in problem
+
+
+def test_an_epoch_end_save_only_when_the_newest_checkpoint_is_a_minute_old() -> None:
+    """Short epochs made a save per epoch the runtime's whole overhead over a bare Trainer; a restart still
+    loses at most max(one epoch, EPOCH_SAVE_MIN_SECONDS) of work beyond the step schedule."""
+    from types import SimpleNamespace
+
+    from finetune_runtime.callbacks import EPOCH_SAVE_MIN_SECONDS, ProgressCallback
+
+    now = [1000.0]
+    cb = ProgressCallback(progress.ProgressEmitter(False), precompile=False, save_each_epoch=True,
+                          clock=lambda: now[0])  # fmt: skip
+    state = SimpleNamespace(global_step=0, is_world_process_zero=False)
+    cb.on_train_begin(None, state, None)
+
+    def epoch_end(at: float, step: int) -> bool:
+        now[0], state.global_step = 1000.0 + at, step
+        return bool(cb.on_epoch_end(None, state, SimpleNamespace(should_save=False)).should_save)
+
+    assert not epoch_end(10, 13), "a young run is not saved at its first epoch end"
+    assert epoch_end(EPOCH_SAVE_MIN_SECONDS + 1, 26)
+    cb.on_save(SimpleNamespace(output_dir="/nonexistent"), state, None)  # the save that epoch end asked for
+    assert not epoch_end(EPOCH_SAVE_MIN_SECONDS + 20, 39), "the newest checkpoint is 19 s old"
+    assert epoch_end(2 * EPOCH_SAVE_MIN_SECONDS + 2, 52)
+    cb.on_save(SimpleNamespace(output_dir="/nonexistent"), state, None)
+    now[0] += 2 * EPOCH_SAVE_MIN_SECONDS
+    assert not epoch_end(4 * EPOCH_SAVE_MIN_SECONDS + 5, 52), "this very step was just saved"

@@ -320,8 +320,8 @@ TRAINING = _o(
         ),
         "seed": _i("Random seed for sampling, initialisation and shuffling.", minimum=0, default=42),
         "checkpointEverySteps": _i(
-            "Save a checkpoint to the output every N steps (and at each epoch end); restarts resume from the "
-            "newest complete one.",
+            "Save a checkpoint to the output every N steps (and at each epoch end, unless the newest checkpoint "
+            "is under a minute old); restarts resume from the newest complete one.",
             minimum=1,
             default=500,
         ),

@@ -1,0 +1,112 @@
+"""What each kind of write costs the control plane: API server + etcd CPU seconds per request.
+
+    python benchmarks/request_cost.py [--requests 200] [--json OUT]
+
+On a LocalCluster (operator_scale.py's, the CRD installed, no operator), `--requests` requests of each kind, one
+after another, with the CPU time of kube-apiserver and etcd read from /proc before and after: the children of
+the cpu-bert-ja sample as `ftjob render` makes them (Service, ConfigMap, rank pod), an Event, a FineTuneJob
+create and a merge patch of its status (what the operator's first pass writes). From these, the control
+plane's CPU per 2-rank job for the raw writes (Service + ConfigMap + 2 pods) and for the operator's path
+(those + the job + one status patch + one Event): where the API server and the operator share 2 CPUs, that
+ratio is a floor under operator_scale.py's makespan ratio (ours : raw) that no operator can go below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchio import write_json
+from operator_scale import PODS_PER_JOB, Bench, _request, job_manifest  # (it puts tools/cluster on the path)
+
+from finetune_operator.admission import validate
+from finetune_operator.builders import desired
+from ftjob_cluster.localcluster import (
+    Etcd,
+    KubeApiserver,
+    KubeControllerManager,
+    KubeScheduler,
+    LocalCluster,
+)
+
+
+def children(ns: str) -> dict[str, dict[str, Any]]:
+    """One of each child kind of the sample, without owner (no such job exists here)."""
+    job = validate(job_manifest("cost", ns))
+    job["metadata"]["uid"] = "00000000-0000-0000-0000-000000000000"
+    out = {}
+    for obj in desired(job).all():
+        obj["metadata"].pop("ownerReferences", None)
+        out.setdefault(obj["kind"], obj)
+    return out
+
+
+def event(ns: str, i: int) -> dict[str, Any]:
+    return {"metadata": {"name": f"cost.{i}", "namespace": ns}, "type": "Normal", "reason": "Created",
+            "message": "created the job's children", "source": {"component": "finetune-operator"},
+            "involvedObject": {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "name": f"job-{i}",
+                               "namespace": ns}, "count": 1}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=200, help="requests of each kind")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    n = args.requests
+    work = Path(tempfile.mkdtemp(prefix="ftjob-bench-cost-"))
+    cluster = LocalCluster(work / "cluster", [Etcd(), KubeApiserver([]), KubeControllerManager(), KubeScheduler()])
+    per: dict[str, dict[str, float]] = {}
+    with cluster:
+        bench = Bench(cluster, work / "no-audit.log", work)
+        bench.install()
+        ns = bench.namespace("cost")
+        kids = children(ns)
+        jobs = f"/apis/finetune.dev/v1alpha1/namespaces/{ns}/finetunejobs"
+
+        def renamed(obj: dict[str, Any], i: int) -> dict[str, Any]:
+            return {**obj, "metadata": {**obj["metadata"], "name": f"{obj['metadata']['name']}-{i}"}}
+
+        kinds: dict[str, Callable[[int], None]] = {
+            "Service create": lambda i: _request(bench.writer, "POST", f"/api/v1/namespaces/{ns}/services",
+                                                 renamed(kids["Service"], i)),
+            "ConfigMap create": lambda i: _request(bench.writer, "POST", f"/api/v1/namespaces/{ns}/configmaps",
+                                                   renamed(kids["ConfigMap"], i)),
+            "Pod create": lambda i: _request(bench.writer, "POST", f"/api/v1/namespaces/{ns}/pods",
+                                             renamed(kids["Pod"], i)),
+            "Event create": lambda i: _request(bench.writer, "POST", f"/api/v1/namespaces/{ns}/events", event(ns, i)),
+            "FineTuneJob create": lambda i: _request(bench.writer, "POST", jobs, job_manifest(f"job-{i}", ns)),
+            "FineTuneJob status patch": lambda i: _request(bench.writer, "PATCH", f"{jobs}/job-{i}/status", {
+                "status": {"phase": "Pending", "message": "creating the job's children", "restartCount": 0}}),
+        }  # fmt: skip
+        for kind, call in kinds.items():
+            time.sleep(2)  # the previous kind's watch fan-out and scheduling settle first
+            cpu, start = bench.control_plane_cpu(), time.monotonic()
+            for i in range(n):
+                call(i)
+            per[kind] = {"cpuMs": round((bench.control_plane_cpu() - cpu) * 1000 / n, 2),
+                         "wallMs": round((time.monotonic() - start) * 1000 / n, 2)}
+            print(f"{kind}: {per[kind]}", flush=True)
+    raw = per["Service create"]["cpuMs"] + per["ConfigMap create"]["cpuMs"] + PODS_PER_JOB * per["Pod create"]["cpuMs"]
+    ours = raw + per["FineTuneJob create"]["cpuMs"] + per["FineTuneJob status patch"]["cpuMs"] + \
+        per["Event create"]["cpuMs"]
+    doc = {"requests": n, "cpus": os.cpu_count(), "perRequest": per,
+           "perTwoRankJobCpuMs": {"raw": round(raw, 1), "operator": round(ours, 1)},
+           "floorRatio": round(ours / raw, 2)}  # fmt: skip
+    print("| request | API server + etcd CPU | wall (one at a time) |\n|---|---|---|")
+    for kind, v in per.items():
+        print(f"| {kind} | {v['cpuMs']} ms | {v['wallMs']} ms |")
+    print(f"per 2-rank job: raw {raw:.1f} ms, through the operator {ours:.1f} ms: floor ours:raw {ours / raw:.2f}x")
+    write_json(args.json, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
