@@ -114,7 +114,7 @@ def main() -> int:
            "runs": runs, "coldFirstStepSeconds": cold, "warmFirstStepSeconds": warm,
            "savedSeconds": round(cold - warm, 1), "speedup": round(cold / warm, 2) if warm else None}
     print("| compile cache | first training step after (median) |\n|---|---|")
-    print(f"| cold (the trial compiles) | {cold} s |\n| warm (every graph from the cache) | {warm} s |")
+    print(f"| cold (the trial compiles) | {cold:.1f} s |\n| warm (every graph from the cache) | {warm:.1f} s |")
     print(f"| saved | {doc['savedSeconds']} s ({doc['speedup']}x) |")
     write_json(args.json, doc)
     return 0

@@ -78,6 +78,7 @@ OPERATOR_USER = "bench-operator"
 PEER_USER = "bench-peer"
 RAW_THREADS = 8
 NODE = "bench-node"
+LEAD_IN_SECONDS = 30.0  # after every job is Running, before the steady window opens
 HEARTBEAT_SECONDS = 10.0  # the node's Lease renewal (the node lifecycle controller's grace period is 50 s)
 
 
@@ -134,14 +135,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def settle(pid: int, busy: float = 0.05, window: float = 1.0, timeout: float = 60.0) -> None:
-    """Wait until process `pid` uses under `busy` of a CPU over `window` seconds (a fresh operator finishes its
-    start-up work after it reports healthy), so that neither start-up nor clean-up lands in a measurement."""
+def settle(pid: int, busy: float = 0.05, window: float = 1.0, timeout: float = 60.0,
+           cpu: Callable[[], float] | None = None) -> None:
+    """Wait until process `pid` (or what `cpu` counts) uses under `busy` of a CPU over `window` seconds (a fresh
+    operator finishes its start-up work after it reports healthy; a fresh API server builds its OpenAPI for
+    minutes), so that neither start-up nor clean-up lands in a measurement."""
+    used = cpu or (lambda: procstat.usage(pid).cpu_seconds)
     deadline = time.monotonic() + timeout
-    last = procstat.usage(pid).cpu_seconds
+    last = used()
     while time.monotonic() < deadline:
         time.sleep(window)
-        now = procstat.usage(pid).cpu_seconds
+        now = used()
         if now - last < busy * window:
             return
         last = now
@@ -258,6 +262,11 @@ class Bench:
         writer = copy.copy(self.api.configuration)
         writer.connection_pool_maxsize = RAW_THREADS
         self.writer = client.ApiClient(writer)  # raw's objects and every system's jobs: RAW_THREADS at a time
+
+    def quiet(self) -> None:
+        """Until the API server and etcd idle (under 15% of a CPU for 2 s): the first turn began while a fresh
+        API server was still building its OpenAPI, which doubled raw's time in one run."""
+        settle(0, busy=0.15, window=2.0, timeout=180.0, cpu=self.control_plane_cpu)
 
     def control_plane_cpu(self) -> float:
         """CPU seconds used so far by the API server and etcd: what the writes cost on the server side."""
@@ -408,6 +417,7 @@ class Bench:
         self.measure(system, warm_ns, 1)
         self.delete_all(system, warm_ns)
         settle(pid)
+        self.quiet()
         out["rssWarmMiB"] = round(procstat.usage(pid).rss_bytes / procstat.MIB, 1)
         before = procstat.usage(pid).cpu_seconds
         out["narrow"] = self.measure(system, narrow_ns, jobs)
@@ -415,6 +425,7 @@ class Bench:
         out["narrow"]["cpuMsPerJob"] = round((after.cpu_seconds - before) * 1000 / jobs, 1)
         out["rssPeakMiB"] = round(after.peak_rss_bytes / procstat.MIB, 1)
         settle(pid)  # the N jobs' later passes (status patches) would otherwise land in the wide job's run
+        self.quiet()
         out["wide"] = self.measure(system, wide_ns, 1, wide)
         out["rssPeakAfterWideMiB"] = round(procstat.usage(pid).peak_rss_bytes / procstat.MIB, 1)
         if steady is not None:  # after the wide job, which then runs as alone as raw's did
@@ -435,7 +446,9 @@ class Bench:
         return out
 
     def raw_turn(self, ns_prefix: str, jobs: int, wide: int) -> dict[str, Any]:
-        out = {"narrow": self.raw(jobs, ns=f"{ns_prefix}-narrow"), "wide": self.raw(1, wide, ns=f"{ns_prefix}-wide")}
+        out = {"narrow": self.raw(jobs, ns=f"{ns_prefix}-narrow")}
+        self.quiet()
+        out["wide"] = self.raw(1, wide, ns=f"{ns_prefix}-wide")
         for ns in (f"{ns_prefix}-narrow", f"{ns_prefix}-wide"):  # no owner: nothing collects them but the
             # namespace's deletion; the pods first, at once (no kubelet confirms a graceful deletion here)
             self.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
@@ -475,7 +488,9 @@ class Bench:
         writer.start()
         try:
             wait_for(all_running, timeout=max(120, jobs * 2), message="every job Running")
-            time.sleep(2)  # let the passes the Running transition triggered finish
+            # The Running transitions' passes (a fresh read and a patch each) trail the last one by up to ~20 s at
+            # 1,000 jobs: one progress interval lets them finish, so the window sees training alone.
+            time.sleep(LEAD_IN_SECONDS)
             mark = count_requests(self.audit_log, OPERATOR_USER, ns)
             time.sleep(window)
             used = count_requests(self.audit_log, OPERATOR_USER, ns) - mark
@@ -586,6 +601,7 @@ def turns(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path, wor
         this: dict[str, Any] = {"order": turn_order(args.systems, r)}
         for system in this["order"]:
             prefix = f"bench-{system}-{r}"
+            bench.quiet()
             if system == "raw":
                 this["raw"] = bench.raw_turn(prefix, args.jobs, args.wide)
             else:

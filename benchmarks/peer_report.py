@@ -85,6 +85,8 @@ def table(results: dict[str, Any]) -> str:
         peer = _median(rounds, "peer", get)
         raw = _median(rounds, "raw", get_raw) if get_raw else None
         raw_cell = _spread(rounds, "raw", get_raw, fmt) if get_raw else "–"
+        if ours is None and peer is None and raw is None:
+            continue  # not measured in this run (the steady state: our operator only, without --peer)
         cells = [_spread(rounds, "ours", get, fmt), _spread(rounds, "peer", get, fmt), raw_cell,
                  ratio(ours, raw), ratio(ours, peer)]  # fmt: skip
         out.append(f"| {label} | " + " | ".join(cells) + " |")

@@ -47,7 +47,7 @@ def test_summary_is_ratio_of_medians_and_per_pair_ratios() -> None:
     assert s["median"]["bare"] == {"samplesPerSecond": 10.0, "secondsToFirstStep": 5.0}
     assert s["samplesPerSecondRatio"] == 1.0
     assert s["firstStepDelaySeconds"] == 1.0
-    assert s["pairRatios"] == [0.9, 1.0, 9.0]
+    assert s["pairRatios"] == [0.9, 1.0, 9.0] and s["pairRatioMedian"] == 1.0
 
 
 def test_scaled_data_repeats_rows_with_unique_ids(tmp_path: Path) -> None:
