@@ -260,69 +260,70 @@ def pool_flavor(namespace: str) -> dict[str, Any]:
             "spec": {"nodeLabels": POOL_LABEL, "nodeTaints": [POOL_TAINT], "tolerations": [POOL_TOLERATION]}}
 
 
+@pytest.fixture
+def pool_queue(kubectl: Any, wait_for: Any, namespace: str, pool_flavor: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """LocalQueue `pool` on a ClusterQueue of the blue pool's flavor: (ClusterQueue, ResourceFlavor). The
+    namespace's jobs, the ClusterQueue and the flavor are deleted afterwards (both are cluster-scoped)."""
+    cq, flavor = apply_queue(kubectl, wait_for, namespace, "pool", pool_flavor)
+    yield cq, flavor
+    kubectl("delete", "-n", namespace, "ftj", "--all", "--wait=false")
+    kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
+    kubectl("delete", "resourceflavor", flavor, "--ignore-not-found", "--wait=false")
+
+
 def test_admitted_pods_carry_their_flavors_node_labels_and_tolerations(
         operator: Path, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str,
-        wait_for: Any, explain: Any, pool_flavor: dict[str, Any]) -> None:  # fmt: skip
+        wait_for: Any, explain: Any, pool_queue: tuple[str, str]) -> None:  # fmt: skip
     """Kueue assigns the job's pod set to a flavor with nodeLabels, nodeTaints and tolerations: the pods get the
     labels in their node selector (beside the job's own) and the tolerations; the taints add nothing."""
-    cq, flavor = apply_queue(kubectl, wait_for, namespace, "pool", pool_flavor)
+    _, flavor = pool_queue
     with explain():
-        try:
-            ns = namespace
-            kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("placed", "pool")))
-            wl = wait_for(lambda: admitted(kube_api, ns, "placed"), timeout=120, message="placed admitted")
-            [assignment] = wl["status"]["admission"]["podSetAssignments"]  # type: ignore[index]
-            assert set(assignment["flavors"].values()) == {flavor}
-            pods = wait_for(lambda: len(p := kubelet.live_pods("placed")) == 2 and p, timeout=120,
-                            message="placed's pods")  # fmt: skip
-            for pod in pods:  # type: ignore[union-attr]
-                assert pod.spec.node_selector == {**NO_KUBELET, **POOL_LABEL}
-                tolerations = [kube_api.sanitize_for_serialization(t) for t in pod.spec.tolerations or []]
-                assert tolerations.count(POOL_TOLERATION) == 1
-                assert not [t for t in tolerations if t.get("key") == POOL_TAINT["key"] and t != POOL_TOLERATION]
-            # The Workload still describes the job's own pod template: Kueue placed it, the pods carry it.
-            [ps] = wl["spec"]["podSets"]  # type: ignore[index]
-            assert ps["template"]["spec"]["nodeSelector"] == NO_KUBELET
-        finally:
-            kubectl("delete", "-n", namespace, "ftj", "--all", "--wait=false")
-            kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
-            kubectl("delete", "resourceflavor", flavor, "--ignore-not-found", "--wait=false")
+        ns = namespace
+        kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("placed", "pool")))
+        wl = wait_for(lambda: admitted(kube_api, ns, "placed"), timeout=120, message="placed admitted")
+        [assignment] = wl["status"]["admission"]["podSetAssignments"]  # type: ignore[index]
+        assert set(assignment["flavors"].values()) == {flavor}
+        pods = wait_for(lambda: len(p := kubelet.live_pods("placed")) == 2 and p, timeout=120,
+                        message="placed's pods")  # fmt: skip
+        for pod in pods:  # type: ignore[union-attr]
+            assert pod.spec.node_selector == {**NO_KUBELET, **POOL_LABEL}
+            tolerations = [kube_api.sanitize_for_serialization(t) for t in pod.spec.tolerations or []]
+            assert tolerations.count(POOL_TOLERATION) == 1
+            assert not [t for t in tolerations if t.get("key") == POOL_TAINT["key"] and t != POOL_TOLERATION]
+        # The Workload still describes the job's own pod template: Kueue placed it, the pods carry it.
+        [ps] = wl["spec"]["podSets"]  # type: ignore[index]
+        assert ps["template"]["spec"]["nodeSelector"] == NO_KUBELET
 
 
 def test_a_flavor_edited_to_contradict_the_jobs_selector_fails_it_at_its_next_pods(
         operator: Path, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str,
-        wait_for: Any, explain: Any, pool_flavor: dict[str, Any]) -> None:  # fmt: skip
+        wait_for: Any, explain: Any, pool_queue: tuple[str, str]) -> None:  # fmt: skip
     """Kueue assigns a job that selects pool=blue to the flavor of that pool. The flavor's nodeLabels are then
     edited to another pool (Kueue's webhook allows it): the running pods are left alone, but a group restart's
     pods would go where the job did not ask, so the job fails FlavorConflict, naming both, and its Workload is
     Finished to give the quota back (Kueue's own FailedToStart rule)."""
-    cq, flavor = apply_queue(kubectl, wait_for, namespace, "pool", pool_flavor)
+    _, flavor = pool_queue
     with explain():
-        try:
-            ns = namespace
-            job = queued_job("edited", "pool")
-            job["spec"]["hardware"]["nodeSelector"] = {**NO_KUBELET, **POOL_LABEL}
-            kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(job))
-            wait_for(lambda: len(kubelet.live_pods("edited")) == 2, timeout=120, message="edited's pods")
-            for p in kubelet.live_pods("edited"):
-                kubelet.set_status(p.metadata.name, "Running")
-            wait_for(lambda: status(kube_api, ns, "edited").get("phase") == "Running", timeout=120, message="Running")
-            kubectl("patch", "resourceflavor", flavor, "--type=merge", "-p",
-                    '{"spec": {"nodeLabels": {"finetune.dev/test-pool": "red"}}}')  # fmt: skip
-            kubelet.set_status("edited-rank-1", "Failed", exit_code=1, message="boom")
-            st = wait_for(lambda: (s := status(kube_api, ns, "edited")).get("phase") == "Failed" and s,
-                          timeout=120, message="edited Failed")  # fmt: skip
-            assert st["reason"] == "FlavorConflict", st  # type: ignore[index]
-            msg = st["message"]  # type: ignore[index]
-            assert "spec.hardware.nodeSelector sets finetune.dev/test-pool=blue" in msg
-            assert f"ResourceFlavor(s) {flavor} with nodeLabels finetune.dev/test-pool=red" in msg
-            wait_for(lambda: (condition(workload(kube_api, ns, "edited"), "Finished") or {}).get("status") == "True",
-                     timeout=120, message="edited's Workload Finished")  # fmt: skip
-            wait_for(lambda: kubelet.live_pods("edited") == [], timeout=120, message="no live pod")
-        finally:
-            kubectl("delete", "-n", namespace, "ftj", "--all", "--wait=false")
-            kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
-            kubectl("delete", "resourceflavor", flavor, "--ignore-not-found", "--wait=false")
+        ns = namespace
+        job = queued_job("edited", "pool")
+        job["spec"]["hardware"]["nodeSelector"] = {**NO_KUBELET, **POOL_LABEL}
+        kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(job))
+        wait_for(lambda: len(kubelet.live_pods("edited")) == 2, timeout=120, message="edited's pods")
+        for p in kubelet.live_pods("edited"):
+            kubelet.set_status(p.metadata.name, "Running")
+        wait_for(lambda: status(kube_api, ns, "edited").get("phase") == "Running", timeout=120, message="Running")
+        kubectl("patch", "resourceflavor", flavor, "--type=merge", "-p",
+                '{"spec": {"nodeLabels": {"finetune.dev/test-pool": "red"}}}')  # fmt: skip
+        kubelet.set_status("edited-rank-1", "Failed", exit_code=1, message="boom")
+        st = wait_for(lambda: (s := status(kube_api, ns, "edited")).get("phase") == "Failed" and s,
+                      timeout=120, message="edited Failed")  # fmt: skip
+        assert st["reason"] == "FlavorConflict", st  # type: ignore[index]
+        msg = st["message"]  # type: ignore[index]
+        assert "spec.hardware.nodeSelector sets finetune.dev/test-pool=blue" in msg
+        assert f"ResourceFlavor(s) {flavor} with nodeLabels finetune.dev/test-pool=red" in msg
+        wait_for(lambda: (condition(workload(kube_api, ns, "edited"), "Finished") or {}).get("status") == "True",
+                 timeout=120, message="edited's Workload Finished")  # fmt: skip
+        wait_for(lambda: kubelet.live_pods("edited") == [], timeout=120, message="no live pod")
 
 
 def test_a_deactivated_workload_evicts_the_job_which_starts_again_when_reactivated(
