@@ -29,6 +29,24 @@ from kubernetes.client.exceptions import ApiException
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_KUBELET = {"finetune.dev/test-no-kubelet": "true"}
+API = ("finetune.dev", "v1alpha1")  # the FineTuneJob group and version, as CustomObjectsApi takes them
+
+
+def get_job(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any] | None:
+    """The FineTuneJob as the API server holds it; None when there is none."""
+    try:
+        obj: dict[str, Any] = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+            *API, ns, "finetunejobs", name)
+        return obj
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def status(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    """The job's status; {} when the job has none yet or does not exist."""
+    return dict((get_job(kube_api, ns, name) or {}).get("status") or {})
 
 
 def free_port() -> int:

@@ -16,13 +16,12 @@ import pytest
 import yaml
 from ftjobs import load_sample, make_job
 from kubernetes import client
-from operator_support import NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
+from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, status
 
 from ftjob_cluster.kueue import KueueProcess
 from ftjob_cluster.testing import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-API = ("finetune.dev", "v1alpha1")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 # Each test job is 2 pods of the cpu profile's default 2 CPUs / 4Gi: this quota fits one job, not two.
 QUOTA = {"cpu": "6", "memory": "12Gi"}
@@ -99,11 +98,6 @@ def kubelet(kube_api: client.ApiClient, namespace: str) -> Iterator[Kubelet]:
 def queued_job(name: str, queue: str) -> dict[str, Any]:
     return (make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
             .run_policy(queueName=queue, backoffLimit=2).build())  # fmt: skip
-
-
-def status(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
-    obj = client.CustomObjectsApi(api).get_namespaced_custom_object(*API, ns, "finetunejobs", name)
-    return dict(obj.get("status") or {})
 
 
 def workload(api: client.ApiClient, ns: str, name: str) -> dict[str, Any] | None:

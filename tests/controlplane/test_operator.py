@@ -23,10 +23,12 @@ from operator_support import (
     Kubelet,
     NodeLogs,
     RunningOperator,
+    get_job,
     install_crd,
     is_subset,
     job_yaml,
     running_operator,
+    status,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,8 +36,6 @@ from finetune_operator.controller import ERROR_BACKOFF_S
 from finetune_operator.k8s import Kube
 from finetune_runtime.progress import format_line
 from ftjob_cluster.testing import Cluster
-
-API = ("finetune.dev", "v1alpha1")
 
 
 @pytest.fixture(scope="module")
@@ -80,22 +80,6 @@ def kubelet(kube_api: client.ApiClient, namespace: str) -> Iterator[Kubelet]:
     k = Kubelet(kube_api, namespace)
     yield k
     k.stop()
-
-
-def get_job(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
-            *API, ns, "finetunejobs", name)
-        return obj
-    except client.exceptions.ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-
-
-def status(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
-    job = get_job(kube_api, ns, name)
-    return dict((job or {}).get("status") or {})
 
 
 def lifecycle_job(name: str, **run_policy: Any) -> dict[str, Any]:

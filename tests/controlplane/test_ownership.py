@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 from ftjobs import make_job
 from kubernetes import client
-from operator_support import NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
+from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, status
 
 from finetune_operator import constants as c
 
-API = ("finetune.dev", "v1alpha1")
 LABELS = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
 
 
@@ -48,16 +47,6 @@ def make(name: str, mpi: bool = False) -> dict[str, Any]:
     if mpi:
         b.launcher("mpi", "mpich")
     return b.build()
-
-
-def status(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
-    try:
-        job = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(*API, ns, "finetunejobs", name)
-    except client.exceptions.ApiException as e:
-        if e.status == 404:
-            return {}
-        raise
-    return dict(job.get("status") or {})
 
 
 def uid_of(kube_api: client.ApiClient, ns: str, name: str) -> str:

@@ -10,9 +10,8 @@ from typing import Any
 import yaml
 from ftjobs import make_job
 from kubernetes import client
-from operator_support import NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
+from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
 
-API = ("finetune.dev", "v1alpha1")
 POLICY = {"allowedImages": ["registry.test/finetune-operator/*"], "allowedServiceAccounts": ["default"],
           "allowedSecrets": ["hf-*"]}  # fmt: skip
 

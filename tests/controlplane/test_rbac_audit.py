@@ -28,7 +28,7 @@ import pytest
 import yaml
 from ftjobs import make_job
 from kubernetes import client, config
-from operator_support import NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
+from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
 
 from ftjob_cluster import bins
 from ftjob_cluster.kueue import KueueProcess
@@ -41,7 +41,6 @@ from auditlog import Permission, permissions_used, policy_for_user  # noqa: E402
 
 USER = "audited-operator"
 CHART = ROOT / "charts" / "finetune-operator"
-API = ("finetune.dev", "v1alpha1")
 
 
 def rendered_roles(*args: str) -> list[dict[str, Any]]:

@@ -15,13 +15,12 @@ from ftjobs import make_job
 from hypothesis import HealthCheck, given, settings
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from operator_support import NO_KUBELET, install_crd, running_operator
+from operator_support import API, NO_KUBELET, install_crd, running_operator
 from specgen import Mistake, invalid_jobs, valid_jobs
 
 from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys, desired
 
-API = ("finetune.dev", "v1alpha1")
 KEYS = SshKeys("k", "k.pub", "h", "h.pub")
 # Each example is one server round trip: a bounded sample keeps the tier fast.
 SAMPLE = settings(max_examples=25, deadline=None, derandomize=True,

@@ -24,13 +24,12 @@ from typing import Any
 import yaml
 from ftjobs import make_job
 from kubernetes import client
-from operator_support import NO_KUBELET, Kubelet, free_port
+from operator_support import API, NO_KUBELET, Kubelet, free_port, status
 
 from finetune_operator import constants as c
 from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys, desired
 
-API = ("finetune.dev", "v1alpha1")
 LONG = os.environ.get("FTJOB_FAULTS") == "long"  # `make test-faults`: the long variants
 SEED = int(os.environ.get("FTJOB_FAULT_SEED") or time.time_ns() % 1_000_000)
 
@@ -288,16 +287,6 @@ def two_rank_job(name: str, mpi: bool = False, **run_policy: Any) -> dict[str, A
     if mpi:
         b.launcher("mpi", "mpich")
     return b.build()
-
-
-def status(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
-    try:
-        job = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(*API, ns, "finetunejobs", name)
-    except client.exceptions.ApiException as e:
-        if e.status == 404:
-            return {}
-        raise
-    return dict(job.get("status") or {})
 
 
 def lifecycle(kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, ns: str, name: str,
