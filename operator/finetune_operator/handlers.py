@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -31,8 +31,7 @@ class GenerationOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
     no real diff."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        essence: Any = {"generation": body.get("metadata", {}).get("generation")}
-        return essence
+        return cast(kopf.BodyEssence, {"generation": body.get("metadata", {}).get("generation")})
 
 
 @kopf.on.startup()
