@@ -237,13 +237,9 @@ LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
 
 
 def _request(api: client.ApiClient, method: str, path: str, body: dict[str, Any]) -> None:
-    content = "application/merge-patch+json" if method == "PATCH" else "application/json"
-    req = api.param_serialize(method=method, resource_path=path, body=body, auth_settings=["BearerToken"],
-                              header_params={"Content-Type": content, "Accept": "application/json"})  # fmt: skip
-    resp = api.call_api(*req)
-    resp.read()
-    if not 200 <= resp.status <= 299:
-        raise RuntimeError(f"{method} {path}: {resp.status}")
+    """One plain-JSON write through the operator's own request path (k8s.Kube: a merge patch for PATCH; a status
+    outside 2xx raises), for kinds Kube has no method for (Leases, PyTorchJobs) and for the jobs themselves."""
+    Kube(api)._call(method, path, body, patch=method == "PATCH")
 
 
 def _now(micro: bool = False) -> str:

@@ -27,8 +27,8 @@ class GenerationOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
     operator has neither kind (it is level-triggered: every pass starts from the whole job), so that copy of
     every pod and job on every event was pure cost: 15% of the operator's CPU while 200 jobs started
     (benchmarks/README.md). The essence here is the object's generation, which changes with its spec, and is
-    never stored. tests/unit/test_handlers.py fails if a change handler is ever registered, since it would see
-    no real diff."""
+    never stored. tests/unit/test_controller.py fails if a change handler is ever registered, since it would
+    see no real diff."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         return cast(kopf.BodyEssence, {"generation": body.get("metadata", {}).get("generation")})
@@ -83,7 +83,7 @@ def _child_indexer(kind: str) -> Any:
 
 def _on_child(kind: str) -> Any:
     async def event(type: str | None, name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo,
-              **_: Any) -> None:
+                    **_: Any) -> None:
         """The index now shows the child; a deletion (of it, or of a foreign object holding a child's name)
         wakes the job, which may create it now."""
         loop = memo.loops.get(namespace or "", labels.get(c.LABEL_JOB_NAME, ""))
@@ -107,7 +107,7 @@ async def _pod_event(name: str, labels: Mapping[str, str], namespace: str | None
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
 async def _job_event(type: str | None, body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo,
-               **_: Any) -> None:
+                     **_: Any) -> None:
     loop = memo.loops.get(namespace or "", name)
     if loop is not None:
         loop.job_event(body, deleted=type == "DELETED")
