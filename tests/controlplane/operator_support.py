@@ -49,6 +49,20 @@ def status(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
     return dict((get_job(kube_api, ns, name) or {}).get("status") or {})
 
 
+def two_rank_job(name: str, mpi: bool = False, **run_policy: Any) -> dict[str, Any]:
+    """A 2-rank text-classification FineTuneJob whose pods no kubelet runs (NO_KUBELET), with `run_policy`
+    fields when given and the MPICH launcher when `mpi`."""
+    # Imported here: benchmarks/operator_scale.py imports this module without tests/support on its path.
+    from ftjobs import make_job
+
+    b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
+    if run_policy:
+        b.run_policy(**run_policy)
+    if mpi:
+        b.launcher("mpi", "mpich")
+    return b.build()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

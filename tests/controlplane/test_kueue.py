@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from ftjobs import load_sample, make_job
+from ftjobs import load_sample
 from kubernetes import client
-from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, status
+from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, status, two_rank_job
 
 from ftjob_cluster.kueue import KueueProcess
 from ftjob_cluster.testing import Cluster
@@ -96,8 +96,7 @@ def kubelet(kube_api: client.ApiClient, namespace: str) -> Iterator[Kubelet]:
 
 
 def queued_job(name: str, queue: str) -> dict[str, Any]:
-    return (make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
-            .run_policy(queueName=queue, backoffLimit=2).build())  # fmt: skip
+    return two_rank_job(name, queueName=queue, backoffLimit=2)
 
 
 def workload(api: client.ApiClient, ns: str, name: str) -> dict[str, Any] | None:

@@ -19,7 +19,6 @@ import yaml
 from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
 from kubernetes import client
 from operator_support import (
-    NO_KUBELET,
     Kubelet,
     NodeLogs,
     RunningOperator,
@@ -29,6 +28,7 @@ from operator_support import (
     job_yaml,
     running_operator,
     status,
+    two_rank_job,
 )
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -80,13 +80,6 @@ def kubelet(kube_api: client.ApiClient, namespace: str) -> Iterator[Kubelet]:
     k = Kubelet(kube_api, namespace)
     yield k
     k.stop()
-
-
-def lifecycle_job(name: str, **run_policy: Any) -> dict[str, Any]:
-    b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
-    if run_policy:
-        b.run_policy(**run_policy)
-    return b.build()
 
 
 def apply(kubectl: Any, ns: str, obj: dict[str, Any]) -> None:
@@ -250,7 +243,7 @@ def _pods_up(kubelet: Kubelet, name: str, n: int, wait_for: Any, attempt: int = 
 
 def test_pending_running_succeeded(operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet,
                                    wait_for: Any) -> None:
-    apply(kubectl, namespace, lifecycle_job("ok"))
+    apply(kubectl, namespace, two_rank_job("ok"))
     pods = _pods_up(kubelet, "ok", 2, wait_for)
     _wait_phase(kube_api, namespace, "ok", "Pending", wait_for)
     for p in pods:
@@ -281,7 +274,7 @@ def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
         pytest.skip("needs the LocalCluster's CA to serve a node's logs (an external cluster has real kubelets)")
     node = NodeLogs(kube_api, cluster.pki, f"logs-{namespace}"[:63])
     try:
-        apply(kubectl, namespace, lifecycle_job("pg"))
+        apply(kubectl, namespace, two_rank_job("pg"))
         pods = _pods_up(kubelet, "pg", 2, wait_for)
         node.bind(namespace, "pg-rank-0")
         key = (namespace, "pg-rank-0", "trainer")
@@ -320,7 +313,7 @@ def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
 
 def test_rank_failure_restarts_group_then_succeeds(operator: Path, kubectl: Any, kube_api: Any, namespace: str,
                                                    kubelet: Kubelet, wait_for: Any) -> None:
-    apply(kubectl, namespace, lifecycle_job("rs", backoffLimit=2))
+    apply(kubectl, namespace, two_rank_job("rs", backoffLimit=2))
     pods = _pods_up(kubelet, "rs", 2, wait_for)
     for p in pods:
         kubelet.set_status(p, "Running")
@@ -347,7 +340,7 @@ def test_running_rank_deleted_by_someone_else_restarts_the_group(operator: Path,
     kubelet = Kubelet(kube_api, namespace, finalize_deletions=False)  # deletions stay Terminating until we say
     node = NodeLogs(kube_api, cluster.pki, f"del-{namespace}"[:63])
     try:
-        apply(kubectl, namespace, lifecycle_job("dl", backoffLimit=2))
+        apply(kubectl, namespace, two_rank_job("dl", backoffLimit=2))
         pods = _pods_up(kubelet, "dl", 2, wait_for)
         node.bind(namespace, "dl-rank-1")  # graceful deletion needs a node: an unbound pod goes at once
         for p in pods:
@@ -368,7 +361,7 @@ def test_running_rank_deleted_by_someone_else_restarts_the_group(operator: Path,
 def test_failures_past_backoff_limit_fail_with_rank_and_reason(operator: Path, kubectl: Any, kube_api: Any,
                                                                namespace: str, kubelet: Kubelet,
                                                                wait_for: Any) -> None:
-    apply(kubectl, namespace, lifecycle_job("bo", backoffLimit=1))
+    apply(kubectl, namespace, two_rank_job("bo", backoffLimit=1))
     for attempt in (0, 1):
         pods = _pods_up(kubelet, "bo", 2, wait_for, attempt=attempt)
         for p in pods:
@@ -385,7 +378,7 @@ def test_failures_past_backoff_limit_fail_with_rank_and_reason(operator: Path, k
 
 def test_suspend_and_resume(operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet,
                             wait_for: Any) -> None:
-    apply(kubectl, namespace, lifecycle_job("sus"))
+    apply(kubectl, namespace, two_rank_job("sus"))
     _pods_up(kubelet, "sus", 2, wait_for)
     kubectl("patch", "ftj", "sus", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
     _wait_phase(kube_api, namespace, "sus", "Suspended", wait_for)
@@ -397,7 +390,7 @@ def test_suspend_and_resume(operator: Path, kubectl: Any, kube_api: Any, namespa
 
 def test_active_deadline_fails_job(operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet,
                                    wait_for: Any) -> None:
-    apply(kubectl, namespace, lifecycle_job("dl", activeDeadlineSeconds=3))
+    apply(kubectl, namespace, two_rank_job("dl", activeDeadlineSeconds=3))
     for p in _pods_up(kubelet, "dl", 2, wait_for):
         kubelet.set_status(p, "Running")
     st = _wait_phase(kube_api, namespace, "dl", "Failed", wait_for, timeout=30)
@@ -408,7 +401,7 @@ def test_active_deadline_fails_job(operator: Path, kubectl: Any, kube_api: Any, 
 def test_ttl_after_finished_removes_job_and_children_for_good(operator: Path, kubectl: Any, kube_api: Any,
                                                               namespace: str, kubelet: Kubelet,
                                                               wait_for: Any) -> None:
-    apply(kubectl, namespace, lifecycle_job("ttl", ttlSecondsAfterFinished=2))
+    apply(kubectl, namespace, two_rank_job("ttl", ttlSecondsAfterFinished=2))
     for p in _pods_up(kubelet, "ttl", 2, wait_for):
         kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
     _wait_phase(kube_api, namespace, "ttl", "Succeeded", wait_for)
@@ -423,7 +416,7 @@ def test_ttl_after_finished_removes_job_and_children_for_good(operator: Path, ku
 
 def test_deleting_job_garbage_collects_children(operator: Path, kubectl: Any, kube_api: Any, namespace: str,
                                                 kubelet: Kubelet, wait_for: Any) -> None:
-    apply(kubectl, namespace, lifecycle_job("gc"))
+    apply(kubectl, namespace, two_rank_job("gc"))
     _pods_up(kubelet, "gc", 2, wait_for)
     core = client.CoreV1Api(kube_api)
     assert core.list_namespaced_service(namespace, label_selector="finetune.dev/job-name=gc").items

@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ftjobs import make_job
 from kubernetes import client
-from operator_support import NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
+from operator_support import Kubelet, install_crd, job_yaml, running_operator, two_rank_job
 
 
 def _status(kube_api: Any, ns: str, name: str) -> dict[str, Any]:
@@ -22,7 +21,7 @@ def test_restarted_operator_leaves_a_running_job_alone(kubectl: Any, kube_api: A
                                                        wait_for: Any, tmp_path: Path) -> None:  # fmt: skip
     install_crd(kubectl, wait_for)
     kubelet = Kubelet(kube_api, namespace)
-    job = make_job("steady").nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET).build()
+    job = two_rank_job("steady")
     try:
         with running_operator(kubeconfig, wait_for, tmp_path / "first.log"):
             kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(job))

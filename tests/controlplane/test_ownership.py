@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from ftjobs import make_job
 from kubernetes import client
-from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, status
+from operator_support import API, Kubelet, install_crd, job_yaml, running_operator, status, two_rank_job
 
 from finetune_operator import constants as c
 
@@ -42,13 +42,6 @@ def kubelet(kube_api: client.ApiClient, namespace: str) -> Iterator[Kubelet]:
     k.stop()
 
 
-def make(name: str, mpi: bool = False) -> dict[str, Any]:
-    b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
-    if mpi:
-        b.launcher("mpi", "mpich")
-    return b.build()
-
-
 def uid_of(kube_api: client.ApiClient, ns: str, name: str) -> str:
     job = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(*API, ns, "finetunejobs", name)
     return str(job["metadata"]["uid"])
@@ -60,7 +53,7 @@ def foreign_names(st: dict[str, Any]) -> set[str]:
 
 def test_a_job_recreated_under_the_same_name_is_not_finished_by_the_old_pods(
         operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any) -> None:
-    kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(make("again")))
+    kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(two_rank_job("again")))
     wait_for(lambda: len(kubelet.live_pods("again")) == 2, timeout=60, message="the first job's pods")
     for p in ("again-rank-0", "again-rank-1"):
         kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
@@ -70,7 +63,7 @@ def test_a_job_recreated_under_the_same_name_is_not_finished_by_the_old_pods(
     kubectl("delete", "ftj", "again", "-n", namespace, "--cascade=orphan", "--wait=true")
     wait_for(lambda: all(not p.metadata.owner_references for p in kubelet.pods("again")), timeout=60,
              message="the garbage collector orphaning the old pods")
-    kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(make("again")))
+    kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(two_rank_job("again")))
     st = wait_for(lambda: (s := status(kube_api, namespace, "again")).get("foreignChildren") and s, timeout=60,
                   message="foreign children in status")
     assert st["phase"] == "Pending" and st["reason"] == "ForeignChildren", st
@@ -105,7 +98,7 @@ def test_a_planted_labelled_config_map_is_never_mounted(operator: Path, kubectl:
     core.create_namespaced_config_map(namespace, {"metadata": {
         "name": "victim-config", "labels": {**LABELS, c.LABEL_JOB_NAME: "victim"}, "annotations": {"attacker": "1"}},
         "data": {"config.json": "{}", "hostfile": "evil.example:8\n"}})  # fmt: skip
-    kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(make("victim")))
+    kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(two_rank_job("victim")))
     st = wait_for(lambda: (s := status(kube_api, namespace, "victim")).get("foreignChildren") and s, timeout=60,
                   message="the planted ConfigMap in status")
     assert foreign_names(st) == {"ConfigMap/victim-config"} and st["reason"] == "ForeignChildren"
@@ -124,7 +117,7 @@ def test_a_planted_labelled_ssh_secret_is_never_mounted(operator: Path, kubectl:
     core.create_namespaced_secret(namespace, {"metadata": {
         "name": "mpivictim-ssh", "labels": {**LABELS, c.LABEL_JOB_NAME: "mpivictim"}},
         "stringData": {"authorized_keys": "ssh-ed25519 AAAA attacker\n"}})  # fmt: skip
-    kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(make("mpivictim", mpi=True)))
+    kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(two_rank_job("mpivictim", mpi=True)))
     st = wait_for(lambda: "mpivictim-ssh" in (s := status(kube_api, namespace, "mpivictim")).get("message", "")
                   and s, timeout=60, message="the planted Secret in status")  # fmt: skip
     assert "not controlled by this FineTuneJob" in st["message"]

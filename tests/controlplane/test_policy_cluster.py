@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ftjobs import make_job
 from kubernetes import client
-from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
+from operator_support import API, Kubelet, install_crd, job_yaml, running_operator, two_rank_job
 
 POLICY = {"allowedImages": ["registry.test/finetune-operator/*"], "allowedServiceAccounts": ["default"],
           "allowedSecrets": ["hf-*"]}  # fmt: skip
@@ -35,10 +34,9 @@ def test_allowlists_fail_a_job_before_any_child_and_pass_an_allowed_one(
     kubelet = Kubelet(kube_api, namespace)
 
     def job(name: str, **spec: Any) -> dict[str, Any]:
-        b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
-        for k, v in spec.items():
-            b.set(f"spec.{k}", v)
-        return b.build()
+        j = two_rank_job(name)
+        j["spec"].update(spec)
+        return j
 
     bad = {
         "image": job("bad-image", image="docker.io/someone/miner:1"),

@@ -26,9 +26,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ftjobs import make_job
 from kubernetes import client, config
-from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator
+from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, two_rank_job
 
 from ftjob_cluster import bins
 from ftjob_cluster.kueue import KueueProcess
@@ -127,11 +126,6 @@ def apply(a: Audited, ns: str, job: dict[str, Any]) -> None:
     a.kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(job))
 
 
-def job(name: str, **run_policy: Any) -> dict[str, Any]:
-    b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
-    return b.run_policy(**run_policy).build() if run_policy else b.build()
-
-
 def squat(a: Audited, ns: str) -> list[str]:
     """Unlabelled objects (invisible to the operator's label-filtered watches) that take one child name of one
     job each: the create meets a 409, reads the object back and refuses it."""
@@ -143,7 +137,7 @@ def squat(a: Audited, ns: str) -> list[str]:
         "nodeSelector": NO_KUBELET, "containers": [{"name": "c", "image": "registry.test/x:1"}]}})  # fmt: skip
     jobs = ["sq-svc", "sq-cm", "sq-np", "sq-pod"]
     for name in jobs:
-        apply(a, ns, job(name))
+        apply(a, ns, two_rank_job(name))
     return jobs
 
 
@@ -157,7 +151,7 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
         with running_operator(a.operator_kubeconfig, wait_for, tmp_path / "operator-1.log", ["--config", str(cfg)]):
             # A torchrun job's whole life: create, run (progress read), a rank fails, the group restarts, done,
             # and deleted by its TTL.
-            apply(a, ns, job("life", backoffLimit=1, ttlSecondsAfterFinished=0))
+            apply(a, ns, two_rank_job("life", backoffLimit=1, ttlSecondsAfterFinished=0))
             wait_for(lambda: len(kubelet.live_pods("life")) == 2, timeout=60, message="pods of life")
             for pod in ("life-rank-0", "life-rank-1"):
                 kubelet.set_status(pod, "Running")
@@ -172,11 +166,10 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
                 kubelet.set_status(pod, "Succeeded", exit_code=0, reason="Completed")
             wait_for(lambda: status(a, ns, "life").get("gone"), timeout=60, message="life deleted by its TTL")
             # An MPI job: its SSH Secret.
-            mpi = make_job("mpi").nodes(2).classification().launcher("mpi", "mpich")
-            apply(a, ns, mpi.set("spec.hardware.nodeSelector", NO_KUBELET).build())
+            apply(a, ns, two_rank_job("mpi", mpi=True))
             wait_for(lambda: len(kubelet.live_pods("mpi")) == 3, timeout=60, message="pods of mpi")
             # A queued job: Workload created and read while queued, status patched Finished at the end.
-            apply(a, ns, job("queued", queueName="lq"))
+            apply(a, ns, two_rank_job("queued", queueName="lq"))
             wl_api = ("kueue.x-k8s.io", "v1beta2", ns, "workloads", "queued")
             custom = client.CustomObjectsApi(a.api)
             wait_for(lambda: custom.get_namespaced_custom_object(*wl_api), timeout=60, message="queued's Workload")
@@ -203,7 +196,7 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
                          message=f"{name}'s squatted child refused")
             # A job an earlier operator put its daemon's finalizer on: kopf takes it off (patch), so that the
             # job's deletion does not wait for it forever.
-            legacy = job("legacy")
+            legacy = two_rank_job("legacy")
             legacy["metadata"]["finalizers"] = [KOPF_FINALIZER]
             apply(a, ns, legacy)
             wait_for(lambda: not custom.get_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs",

@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ftjobs import make_job
 from kubernetes import client
-from operator_support import API, NO_KUBELET, Kubelet, free_port, status
+from operator_support import API, Kubelet, free_port, status, two_rank_job
 
 from finetune_operator import constants as c
 from finetune_operator.admission import validate
@@ -280,15 +279,6 @@ def rng(scenario: str) -> random.Random:
 
 
 # -- one job's whole life, driven as a kubelet would ------------------------------------------------------------
-def two_rank_job(name: str, mpi: bool = False, **run_policy: Any) -> dict[str, Any]:
-    b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
-    if run_policy:
-        b.run_policy(**run_policy)
-    if mpi:
-        b.launcher("mpi", "mpich")
-    return b.build()
-
-
 def lifecycle(kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, ns: str, name: str,
               timeout: float = 90, during: Callable[[], None] = lambda: None) -> None:
     """Create a 2-rank job; pods Running -> Running phase; rank 1 fails -> one group restart with new pods;

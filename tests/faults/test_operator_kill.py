@@ -20,9 +20,8 @@ from faultlib import (
     violations,
     wait_until,
 )
-from ftjobs import make_job
 from kubernetes import client
-from operator_support import NO_KUBELET, Kubelet, job_yaml
+from operator_support import Kubelet, job_yaml, two_rank_job
 
 from finetune_operator import constants as c
 
@@ -33,14 +32,6 @@ ACTIONS = {a for a in (os.environ.get("FTJOB_KILL_ACTIONS") or "").split(",") if
 HEALTHY_S = 120  # a new operator process's imports alone took 49 s at a load average of 13 on 2 cores
 MAX_JOBS = 4  # more live jobs make every pass longer without adding new kill points
 DELAY_S = 0.02  # per request chunk: a pass's creates and deletes spread over ~0.5 s, so kills land inside them
-
-
-def _job(name: str, mpi: bool) -> dict[str, Any]:
-    b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
-    b.run_policy(backoffLimit=1000)
-    if mpi:
-        b.launcher("mpi", "mpich")
-    return b.build()
 
 
 def _all_running(kube_api: Any, ns: str, kubelet: Kubelet) -> bool:
@@ -89,8 +80,8 @@ def test_operator_sigkilled_at_random_points(crd: None, kube_api: Any, kubectl: 
             expect_restarts: dict[str, int] = {}
             if action.startswith("create"):
                 made += 1
-                kubectl("apply", "-n", namespace, "-f", "-",
-                        input=job_yaml(_job(f"k{made}", mpi=action == "create-mpi")))  # fmt: skip
+                job = two_rank_job(f"k{made}", mpi=action == "create-mpi", backoffLimit=1000)
+                kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(job))
             elif action == "delete":
                 victim = r.choice(sorted(current))
                 client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
