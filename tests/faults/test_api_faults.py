@@ -6,7 +6,7 @@ Succeeded, no duplicate or orphaned child."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from faultlib import (
     LONG,
     DelayProxy,
     OperatorProcess,
+    Record,
     lifecycle,
     record,
     rng,
@@ -40,6 +41,24 @@ def _operator(kubeconfig: Path, log: Path) -> OperatorProcess:
     return op
 
 
+def _lifecycles(rec: Record, prefix: str, trials: int, kubectl: Any, kube_api: Any, kubelet: Kubelet, namespace: str,
+                timeout: float, during: Callable[[], None] = lambda: None,
+                check: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+    """`trials` whole job lives (faultlib.lifecycle) one after another, jobs `{prefix}-0`, `{prefix}-1`, ...; after
+    each, no duplicate or orphaned child and `check()` holds. Each life counts in rec.trials; a failed assertion
+    goes to rec.failures and stops the test."""
+    for trial in range(trials):
+        try:
+            lifecycle(kubectl, kube_api, kubelet, namespace, f"{prefix}-{trial}", timeout=timeout, during=during)
+            assert violations(kube_api, namespace) == []
+            check()
+        except AssertionError as e:
+            rec.failures.append(str(e)[:500])
+            raise
+        finally:
+            rec.trials += 1
+
+
 def test_api_server_restarted_under_a_running_operator(crd: None, local_cluster: LocalCluster | None, kubectl: Any,
                                                        kube_api: Any, kubeconfig: Path, namespace: str,
                                                        kubelet: Kubelet, tmp_path: Path) -> None:  # fmt: skip
@@ -58,18 +77,13 @@ def test_api_server_restarted_under_a_running_operator(crd: None, local_cluster:
         steps[0] += 1
         if LONG or steps[0] == 3:
             downtimes.append(local_cluster.restart("kube-apiserver"))
+
+    def operator_alive() -> None:
+        assert op.process.poll() is None, "the operator exited"
+
     try:
-        for trial in range(trials):
-            try:
-                lifecycle(kubectl, kube_api, kubelet, namespace, f"restart-{trial}", timeout=180,
-                          during=restart)
-                assert violations(kube_api, namespace) == []
-                assert op.process.poll() is None, "the operator exited"
-            except AssertionError as e:
-                rec.failures.append(str(e)[:500])
-                raise
-            finally:
-                rec.trials += 1
+        _lifecycles(rec, "restart", trials, kubectl, kube_api, kubelet, namespace, timeout=180, during=restart,
+                    check=operator_alive)  # fmt: skip
         rec.notes.append(f"{len(downtimes)} restarts, API down {min(downtimes):.1f}-{max(downtimes):.1f} s each; "
                          "the same operator process went on")  # fmt: skip
     finally:
@@ -95,15 +109,7 @@ def test_watch_streams_cut_at_random(crd: None, kubectl: Any, kube_api: Any, kub
     t = threading.Thread(target=cutter, daemon=True)
     t.start()
     try:
-        for trial in range(trials):
-            try:
-                lifecycle(kubectl, kube_api, kubelet, namespace, f"cut-{trial}", timeout=180)
-                assert violations(kube_api, namespace) == []
-            except AssertionError as e:
-                rec.failures.append(str(e)[:500])
-                raise
-            finally:
-                rec.trials += 1
+        _lifecycles(rec, "cut", trials, kubectl, kube_api, kubelet, namespace, timeout=180)
         rec.notes.append(f"{len(cuts)} cuts, {sum(cuts)} connections closed")
     finally:
         stop.set()
@@ -121,15 +127,7 @@ def test_slow_api(crd: None, kubectl: Any, kube_api: Any, kubeconfig: Path, name
     proxy = DelayProxy(server_port(kubeconfig), delay=delay)
     op = _operator(proxy.kubeconfig(kubeconfig, tmp_path / "proxy.kubeconfig"), tmp_path / "operator.log")
     try:
-        for trial in range(trials):
-            try:
-                lifecycle(kubectl, kube_api, kubelet, namespace, f"slow-{trial}", timeout=180)
-                assert violations(kube_api, namespace) == []
-            except AssertionError as e:
-                rec.failures.append(str(e)[:500])
-                raise
-            finally:
-                rec.trials += 1
+        _lifecycles(rec, "slow", trials, kubectl, kube_api, kubelet, namespace, timeout=180)
     finally:
         op.stop()
         proxy.close()
@@ -146,15 +144,7 @@ def test_two_operators_race_every_write(crd: None, kubectl: Any, kube_api: Any, 
                  "status patches")  # fmt: skip
     ops = [_operator(kubeconfig, tmp_path / f"operator-{i}.log") for i in range(2)]
     try:
-        for trial in range(trials):
-            try:
-                lifecycle(kubectl, kube_api, kubelet, namespace, f"race-{trial}", timeout=120)
-                assert violations(kube_api, namespace) == []
-            except AssertionError as e:
-                rec.failures.append(str(e)[:500])
-                raise
-            finally:
-                rec.trials += 1
+        _lifecycles(rec, "race", trials, kubectl, kube_api, kubelet, namespace, timeout=120)
         logs = "".join((tmp_path / f"operator-{i}.log").read_text() for i in range(2))
         rec.notes.append("both processes reconciled" if all(o.reconciles() > 0 for o in ops) else "")
         assert "exists but is not controlled" not in logs, "a 409 on our own child was taken for a foreign one"
