@@ -108,6 +108,26 @@ def test_build_ca_not_left_in_image(docker: Docker, image: str) -> None:
 EXAMPLE_JOB = REPO / "examples" / "jobs" / "demo-ja-config.json"
 
 
+def _rank_options(tmp_path: Path, out_dir: Path, cache_dir: Path, env: dict[str, str], *mounts: str) -> list[str]:
+    """`docker run` options of a rank container as the operator lays out its pod: the working directory, the
+    examples, tmp_path/config.json, `mounts`, the output and cache volumes, and `env`."""
+    options = [
+        # Relative paths in the example config (examples/...) resolve against the working directory.
+        "-w",
+        "/srv",
+        "-v",
+        f"{REPO / 'examples'}:/srv/examples:ro",
+        "-v",
+        f"{tmp_path / 'config.json'}:/etc/ftjob/config.json:ro",
+    ]
+    for mount in mounts:
+        options += ["-v", mount]
+    options += ["-v", f"{out_dir}:/output", "-v", f"{cache_dir}:/cache"]
+    for key, value in env.items():
+        options += ["-e", f"{key}={value}"]
+    return options
+
+
 def test_two_rank_training(docker: Docker, image: str, tmp_path: Path) -> None:
     """torchrun --nproc-per-node 2 of the runtime's worker, with the env the operator sets (docs/architecture.md),
     on the repository's own tiny model and data, offline (--network none), as UID 1000."""
@@ -146,20 +166,8 @@ def test_two_rank_training(docker: Docker, image: str, tmp_path: Path) -> None:
         "none",
         "--shm-size",
         "256m",
-        # Relative paths in the example config (examples/...) resolve against the working directory.
-        "-w",
-        "/srv",
-        "-v",
-        f"{REPO / 'examples'}:/srv/examples:ro",
-        "-v",
-        f"{tmp_path / 'config.json'}:/etc/ftjob/config.json:ro",
-        "-v",
-        f"{out_dir}:/output",
-        "-v",
-        f"{cache_dir}:/cache",
+        *_rank_options(tmp_path, out_dir, cache_dir, env),
     ]
-    for key, value in env.items():
-        args += ["-e", f"{key}={value}"]
     args += [
         image,
         "torchrun",
@@ -251,24 +259,8 @@ def test_mpi_launcher_and_two_ssh_workers(docker: Docker, image: str, tmp_path: 
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
     }
-    common = [
-        "--network",
-        net,
-        "-w",
-        "/srv",
-        "-v",
-        f"{REPO / 'examples'}:/srv/examples:ro",
-        "-v",
-        f"{tmp_path / 'config.json'}:/etc/ftjob/config.json:ro",
-        "-v",
-        f"{tmp_path / 'hostfile'}:/etc/ftjob/hostfile:ro",
-        "-v",
-        f"{out_dir}:/output",
-        "-v",
-        f"{cache_dir}:/cache",
-    ]
-    for key, value in env.items():
-        common += ["-e", f"{key}={value}"]
+    hostfile = f"{tmp_path / 'hostfile'}:/etc/ftjob/hostfile:ro"
+    common = ["--network", net, *_rank_options(tmp_path, out_dir, cache_dir, env, hostfile)]
     docker.run(["network", "create", net])
     try:
         for w in workers:
