@@ -5,6 +5,7 @@ so watch events on a job or its pods wake that job's loop; the operator's config
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 from collections.abc import Mapping
 from typing import Any, cast
@@ -157,6 +158,16 @@ def _register_daemon() -> None:
 _register_daemon()
 
 
+def freeze_startup_objects() -> None:
+    """Takes every object alive now out of the cyclic garbage collector's scans: the modules, classes and
+    functions of kopf, the Kubernetes client and this package, about 78,000 tracked objects that live as long as
+    the process. Without it each full collection walked them all again; while 200 jobs started, were deleted and
+    started again, full collections took 2.6 s of the operator's CPU, 1.5 s with the freeze (docs/operator.md,
+    "CPU per watch event")."""
+    gc.collect()
+    gc.freeze()
+
+
 
 
 def run_operator(
@@ -174,6 +185,7 @@ def run_operator(
     kopf.configure(verbose=verbose)
     if not verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    freeze_startup_objects()
     kopf.run(
         memo=kopf.Memo(config=config, loops=Loops()),
         standalone=True,
