@@ -135,6 +135,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def bench_cluster(directory: Path, apiserver_flags: list[str]) -> LocalCluster:
+    """The control plane every operator benchmark runs on: etcd, the API server, the controller-manager (service
+    accounts, garbage collection) and the scheduler; no kubelet (BenchNode stands in for one)."""
+    return LocalCluster(directory, [Etcd(), KubeApiserver(apiserver_flags), KubeControllerManager(), KubeScheduler()])
+
+
 def settle(pid: int, busy: float = 0.05, window: float = 1.0, timeout: float = 60.0,
            cpu: Callable[[], float] | None = None) -> None:
     """Wait until process `pid` (or what `cpu` counts) uses under `busy` of a CPU over `window` seconds (a fresh
@@ -541,9 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = work / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(policy_for_user(OPERATOR_USER, PEER_USER)))
     audit_log = work / "audit.log"
-    apiserver = KubeApiserver([f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}",
-                               "--audit-log-format=json", "--audit-log-mode=blocking"])  # fmt: skip
-    cluster = LocalCluster(work / "cluster", [Etcd(), apiserver, KubeControllerManager(), KubeScheduler()])
+    cluster = bench_cluster(work / "cluster", [f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}",
+                                               "--audit-log-format=json", "--audit-log-mode=blocking"])  # fmt: skip
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                            "platform": platform.platform()}}  # fmt: skip
     with cluster:

@@ -33,20 +33,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchio import write_json
 from kubernetes.client.exceptions import ApiException
-from operator_scale import PODS_PER_JOB, Bench, _request, job_manifest  # (it puts tools/cluster on the path)
+from operator_scale import (  # (it puts tools/cluster on the path)
+    PODS_PER_JOB,
+    Bench,
+    _request,
+    bench_cluster,
+    job_manifest,
+)
 
 from finetune_operator.admission import validate
 from finetune_operator.builders import desired
 from finetune_operator.crd import crd as build_crd
 from finetune_operator.k8s import Kube
-from ftjob_cluster.localcluster import (
-    Etcd,
-    KubeApiserver,
-    KubeControllerManager,
-    KubeScheduler,
-    LocalCluster,
-    wait_for,
-)
+from ftjob_cluster.localcluster import wait_for
 
 
 def children(ns: str) -> dict[str, dict[str, Any]]:
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     n = args.requests
     work = Path(tempfile.mkdtemp(prefix="ftjob-bench-cost-"))
-    cluster = LocalCluster(work / "cluster", [Etcd(), KubeApiserver([]), KubeControllerManager(), KubeScheduler()])
+    cluster = bench_cluster(work / "cluster", [])
     per: dict[str, dict[str, float]] = {}
     with cluster:
         bench = Bench(cluster, work / "no-audit.log", work)
