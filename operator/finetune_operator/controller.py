@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import copy
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import json
@@ -201,6 +202,24 @@ class _Planned:
 
 
 @dataclass(frozen=True)
+class Followed:
+    """What a progress refresh between passes needs of a Running/Precompiling job (JobLoop.refresh_progress): the
+    job's identity for the echo fingerprint, where rank 0's progress is printed, and the status this loop last
+    wrote. Not the job itself: a training job can be followed for days, and its validated copy (about 11 KiB of
+    Python objects for the samples) is what a pass needs, not a refresh."""
+
+    ident: dict[str, Any]  # {"metadata": {"uid", "generation"}}: all fingerprint() reads of the job
+    source: tuple[str, str]  # rank0_log_source(job, phase)
+    status: dict[str, Any]
+
+    @classmethod
+    def of(cls, job: dict[str, Any], status: dict[str, Any]) -> Followed:
+        meta = job["metadata"]
+        ident = {"metadata": {"uid": meta.get("uid"), "generation": meta.get("generation")}}
+        return cls(ident, rank0_log_source(job, status.get("phase")), status)
+
+
+@dataclass(frozen=True)
 class Pause:
     """How long the loop sleeps after a step."""
 
@@ -215,11 +234,12 @@ class JobLoop:
     - `job`: the job as the API server held it after this loop's last status write or read, or None when it must
       be read fresh (at first, unless the daemon gave kopf's body; after a watch event that is not this loop's
       own echo; before a timer pass). The loop is the only writer of the status, and a spec change bumps the
-      generation, which is never an echo;
+      generation, which is never an echo. Once the echo of the loop's last write arrives, `job` is kopf's body
+      of that same version (shallow: spec and status are kopf's objects, never modified here), so a job is held
+      in memory once, not twice;
     - `echoes`: fingerprints of the statuses this loop wrote lately: a watch event showing one of them (same
       generation) is the loop's own write coming back and wakes nothing;
-    - `followed`: for a Running/Precompiling job, the job and the status this loop last wrote, for progress
-      refreshes between passes;
+    - `followed`: for a Running/Precompiling job, what progress refreshes between passes need (`Followed`);
     - `progress_read_at`: clock time of the last read of rank 0's log (at most one per PROGRESS_EVERY_S);
     - `made`: "Kind/name" -> job uid of the unwatched children (UNWATCHED_KINDS) this loop created or found to
       be the job's own, so their key pairs are made once;
@@ -236,12 +256,13 @@ class JobLoop:
         self.next_pass = clock()  # the first pass is due at once
         self.failures = 0
         self.passes = 0
-        self.job: dict[str, Any] | None = lean(copy.deepcopy(dict(body))) if body is not None else None
+        self.job: dict[str, Any] | None = lean(body)
+        self.live = body  # kopf's body of the job, which kopf replaces with each watch event's (see hold)
         self.job_at = clock()  # when `job` came from the API
         self.uid: str | None = body["metadata"].get("uid") if body is not None else None  # else the first read's
         self.gone = False  # the job was deleted (or replaced by a new one of the same name): the loop ends
         self.echoes: deque[bytes] = deque(maxlen=ECHOES_KEPT)
-        self.followed: tuple[dict[str, Any], dict[str, Any]] | None = None
+        self.followed: Followed | None = None
         self.progress_read_at: float | None = None
         self.made: dict[str, str] = {}
         self.created: dict[str, tuple[dict[str, Any], float]] = {}
@@ -262,9 +283,21 @@ class JobLoop:
         meta = body.get("metadata") or {}
         mine = fingerprint(body, body.get("status") or {}) in self.echoes
         if mine and not deleted and not meta.get("deletionTimestamp"):
+            self.hold(body)
             return
         self.job = None
         self.wake()
+
+    def hold(self, body: Mapping[str, Any] | None) -> None:
+        """When `body` (kopf's, from a watch event) is the version of the job this loop holds, keep kopf's objects
+        and drop the loop's own copy. Called on the event loop, where kopf replaces its body: on the echo of the
+        loop's write, and after each step, for an echo that arrived while the write was still being answered."""
+        if body is None or self.job is None:
+            return
+        meta = body.get("metadata") or {}
+        if meta.get("resourceVersion") == self.job["metadata"].get("resourceVersion") and (
+                body.get("spec") is not self.job.get("spec")):
+            self.job = lean(body)
 
     def child_event(self, ref: str, wake: bool = True) -> None:
         """A watch event on a child ("Kind/name"): the index holds its newest state, so a create this loop
@@ -277,7 +310,7 @@ class JobLoop:
         """Before a status write: its watch event is an echo (see job_event)."""
         self.echoes.append(fingerprint(job, status))
 
-    def _remember(self, patched: dict[str, Any] | None, sent: bool, raw: dict[str, Any]) -> None:
+    def _remember(self, patched: dict[str, Any] | None, sent: bool, raw: dict[str, Any] | None) -> None:
         """After a status write: the job as the API server answered it; unchanged when nothing was sent."""
         self.job = lean(patched) if sent else raw  # None (gone, or a fake API that answers nothing): read it fresh
         if sent:
@@ -356,6 +389,7 @@ class JobLoop:
             # Nothing due (a wake-up while backing off ends here): no thread needed.
             pause = self.pause() if taken is None and not self._refresh_due() else await loop.run_in_executor(
                 None, self.tick, taken)  # fmt: skip
+            self.hold(self.live)
             if not pause.wakeable:
                 await asyncio.sleep(pause.seconds)
                 continue
@@ -433,7 +467,8 @@ class JobLoop:
         if old_status.get("phase") in FOLLOWED:
             # Rank 0 finished: its last lines (final step, metrics, done) are read now, whatever the interval,
             # so a finished job's status.progress is its final one.
-            prog = self._read_progress(job, old_status, force=_rank0_finished(job, pods))
+            prog = self._read_progress(rank0_log_source(job, old_status.get("phase")), old_status,
+                                       force=_rank0_finished(job, pods))
         seen = {**objects, **self.made}
         # Queued jobs: the Workload, read fresh (no watch: Kueue's CRDs may not exist where no job is queued).
         wl = self.api.get_workload(ns, name) if (job["spec"].get("runPolicy") or {}).get("queueName") else None
@@ -470,7 +505,7 @@ class JobLoop:
                              if o["kind"] not in UNWATCHED_KINDS})  # fmt: skip
         RECONCILES.inc()
         following = plan.status.get("phase") in FOLLOWED and not plan.delete_job
-        self.followed = (job, plan.status) if following else None
+        self.followed = Followed.of(job, plan.status) if following else None
         self._export_progress(plan.status if following else None)
         if plan.delete_job:
             return IDLE_REQUEUE_S
@@ -484,15 +519,16 @@ class JobLoop:
         """Between full passes: read rank 0's log tail and patch status.progress alone when it changed."""
         if self.followed is None:
             return
-        job, status = self.followed
-        prog = self._read_progress(job, status)
+        followed = self.followed
+        status = followed.status
+        prog = self._read_progress(followed.source, status)
         if prog is None or prog == status.get("progress"):
             return
         new = {**status, "progress": prog}
-        self._intend(job, new)
+        self._intend(followed.ident, new)
         patched = self.api.patch_status(self.namespace, self.name, status, new)  # sends only the changed key
-        self._remember(patched, True, job)
-        self.followed = (job, new)
+        self._remember(patched, True, None)
+        self.followed = dataclasses.replace(followed, status=new)
         self._export_progress(new)
 
     def _export_progress(self, status: Mapping[str, Any] | None) -> None:
@@ -502,14 +538,14 @@ class JobLoop:
         else:
             clear_job(self.namespace, self.name)
 
-    def _read_progress(self, job: dict[str, Any], status: Mapping[str, Any],
+    def _read_progress(self, source: tuple[str, str], status: Mapping[str, Any],
                        force: bool = False) -> dict[str, Any] | None:
         """Rank 0's newest progress folded onto status.progress, or None when it is not time to read again (every
         PROGRESS_EVERY_S, unless `force`) or the log has no progress yet."""
         if not force and self._progress_due_in() > 0:
             return None
         self.progress_read_at = self.clock()  # before the read: a failing read must not be retried at once
-        text = self.api.log_tail(self.namespace, *rank0_log_source(job, status.get("phase")))
+        text = self.api.log_tail(self.namespace, *source)
         return progress.from_text(text, status.get("progress")) if text else None
 
     # -- reconcile errors in the job's status -------------------------------------------------------------------

@@ -68,6 +68,8 @@ class FakeApi:
         if not patch:
             return None
         self.patches.append(patch)
+        meta = self.job["metadata"]
+        meta["resourceVersion"] = str(int(meta.get("resourceVersion") or 1) + 1)  # every write makes a new version
         status = self.job.setdefault("status", {})
         status.update(copy.deepcopy(patch))
         for k in [k for k, v in status.items() if v is None]:
@@ -356,6 +358,35 @@ def test_run_sleeps_until_woken() -> None:
     assert w.passes() == 2
 
 
+def test_an_echo_seen_before_the_writes_answer_is_held_once_after_the_step() -> None:
+    """The watch event of a status write can reach kopf before the worker thread has the API's answer; the loop
+    then adopts kopf's body on the event loop right after the step."""
+    w = World()
+    w.loop.clock = time.monotonic
+    live = kopf.Body(copy.deepcopy(w.api.job))
+    w.loop.live = live
+    answer = w.api.patch_status
+
+    def patch_seen_first(*args: Any) -> dict[str, Any] | None:
+        out = answer(*args)
+        live._replace_with(copy.deepcopy(w.api.job))  # kopf's watch already replaced its body
+        return out
+
+    w.api.patch_status = patch_seen_first  # type: ignore[method-assign]
+
+    async def drive() -> None:
+        task = asyncio.create_task(w.loop.run(lambda: w.passes() >= 1, w.children))
+        deadline = time.monotonic() + 10
+        while w.passes() < 1:
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.01)
+        w.loop.wake()  # out of its sleep: stopped() ends the loop
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(drive())
+    assert w.loop.job is not None and w.loop.job["spec"] is live["spec"] and w.loop.job["status"]["phase"] == "Pending"
+
+
 def test_the_daemon_reads_children_only_from_registered_indexes() -> None:
     """The job daemon has no LIST fallback: every index it reads is registered with kopf, which passes all
     registered indexes to every handler."""
@@ -482,6 +513,51 @@ def test_a_pass_woken_by_its_children_reads_no_job_and_its_own_status_echo_wakes
     w.loop.child_event("Pod/j-rank-0")
     w.step()  # a new phase is decided on a fresh read only (another writer may have moved the job on)
     assert w.passes() == 3 and w.reads() == 2 and w.api.job["status"]["phase"] == "Running"
+
+
+def test_the_echo_of_its_own_write_leaves_the_job_held_once() -> None:
+    """After the echo of its status write the loop holds kopf's body of that version (shallow, kopf's spec and
+    status objects), not the API's answer as well; it works from it without a read and never modifies it."""
+    w = World()
+    w.step()
+    older = copy.deepcopy(w.api.job)
+    older["metadata"]["resourceVersion"] = "1"  # the echo of an earlier write of the same status
+    w.loop.job_event(older)
+    assert w.loop.job is not None and w.loop.job["spec"] is not older["spec"]  # the loop's copy is newer
+    echo = copy.deepcopy(w.api.job)
+    echo["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    w.loop.job_event(echo)
+    assert w.loop.job["spec"] is echo["spec"] and w.loop.job["status"] is echo["status"]
+    assert "managedFields" not in w.loop.job["metadata"] and "managedFields" in echo["metadata"]
+    assert not w.loop.pass_due()
+    kept = copy.deepcopy(echo)
+    w.pods = [copy.deepcopy(o) | {"status": {"phase": "Pending"}} for o in w.api.created if o["kind"] == "Pod"]
+    w.loop.child_event("Pod/j-rank-0")
+    w.step()
+    assert w.passes() == 2 and w.reads() == 1 and echo == kept
+
+
+def test_a_followed_job_keeps_what_its_progress_refresh_needs_not_the_job() -> None:
+    w = World()
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()
+    followed = w.loop.followed
+    assert followed is not None and followed.source == ("j-rank-0", "trainer")
+    assert followed.ident == {"metadata": {"uid": "uid-1", "generation": None}}
+    assert followed.status == w.api.job["status"]
+
+
+def test_the_job_watch_drops_managed_fields_from_kopfs_body() -> None:
+    """kopf keeps the newest body of every job for its daemon; the job handler strips the field tracking from it
+    (as big as the spec again) before anything holds it."""
+    raw = make_job(NAME, NS).build()
+    raw["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:task": {}}}}]
+    body = kopf.Body(raw)
+    asyncio.run(handlers._job_event(type="MODIFIED", body=body, name=NAME, namespace=NS,
+                                    memo=kopf.Memo(loops=Loops())))  # fmt: skip
+    assert "managedFields" not in raw["metadata"] and raw["metadata"]["name"] == NAME
 
 
 def test_a_pass_from_the_loops_copy_deletes_nothing_before_reading_the_job_fresh() -> None:
