@@ -258,6 +258,7 @@ class JobLoop:
         self.passes = 0
         self.job: dict[str, Any] | None = lean(body)
         self.live = body  # kopf's body of the job, which kopf replaces with each watch event's (see hold)
+        self.ticking = False  # a step runs in a worker thread (run): only that thread sets `job` meanwhile
         self.job_at = clock()  # when `job` came from the API
         self.uid: str | None = body["metadata"].get("uid") if body is not None else None  # else the first read's
         self.gone = False  # the job was deleted (or replaced by a new one of the same name): the loop ends
@@ -291,12 +292,14 @@ class JobLoop:
     def hold(self, body: Mapping[str, Any] | None) -> None:
         """When `body` (kopf's, from a watch event) is the version of the job this loop holds, keep kopf's objects
         and drop the loop's own copy. Called on the event loop, where kopf replaces its body: on the echo of the
-        loop's write, and after each step, for an echo that arrived while the write was still being answered."""
-        if body is None or self.job is None:
+        loop's write, and after each step, for an echo that arrived while the write was still being answered. Not
+        while a step runs: its thread may have just dropped `job` to read the job fresh, which must stand."""
+        job = self.job
+        if self.ticking or body is None or job is None:
             return
         meta = body.get("metadata") or {}
-        if meta.get("resourceVersion") == self.job["metadata"].get("resourceVersion") and (
-                body.get("spec") is not self.job.get("spec")):
+        if meta.get("resourceVersion") == job["metadata"].get("resourceVersion") and body.get("spec") is not job.get(
+                "spec"):
             self.job = lean(body)
 
     def child_event(self, ref: str, wake: bool = True) -> None:
@@ -386,10 +389,15 @@ class JobLoop:
         loop = asyncio.get_running_loop()
         while not stopped() and not self.gone:
             taken = self.take(children)
-            # Nothing due (a wake-up while backing off ends here): no thread needed.
-            pause = self.pause() if taken is None and not self._refresh_due() else await loop.run_in_executor(
-                None, self.tick, taken)  # fmt: skip
-            self.hold(self.live)
+            if taken is None and not self._refresh_due():
+                pause = self.pause()  # nothing due (a wake-up while backing off ends here): no thread needed
+            else:
+                self.ticking = True
+                try:
+                    pause = await loop.run_in_executor(None, self.tick, taken)
+                finally:
+                    self.ticking = False
+                self.hold(self.live)
             if not pause.wakeable:
                 await asyncio.sleep(pause.seconds)
                 continue

@@ -537,6 +537,21 @@ def test_the_echo_of_its_own_write_leaves_the_job_held_once() -> None:
     assert w.passes() == 2 and w.reads() == 1 and echo == kept
 
 
+def test_an_echo_during_a_step_leaves_the_job_to_the_steps_thread() -> None:
+    """A step's thread may drop `job` to read the job fresh (another writer may have moved it on); an echo
+    handled on the event loop meanwhile must not put a copy back."""
+    w = World()
+    w.step()
+    echo = copy.deepcopy(w.api.job)
+    held = w.loop.job
+    w.loop.ticking = True  # as run() sets it while the step's worker thread runs
+    w.loop.job_event(echo)
+    assert w.loop.job is held and not w.loop.pass_due()
+    w.loop.ticking = False
+    w.loop.hold(echo)
+    assert w.loop.job is not None and w.loop.job["spec"] is echo["spec"]
+
+
 def test_a_followed_job_keeps_what_its_progress_refresh_needs_not_the_job() -> None:
     w = World()
     w.step()
