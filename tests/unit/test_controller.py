@@ -564,6 +564,13 @@ def test_a_followed_job_keeps_what_its_progress_refresh_needs_not_the_job() -> N
     assert followed.status == w.api.job["status"]
 
 
+def test_the_operator_lets_kopfs_idle_object_workers_go_after_a_second() -> None:
+    settings = kopf.OperatorSettings()
+    assert settings.queueing.idle_timeout > handlers.WORKER_IDLE_S  # kopf's default keeps them 5 s
+    handlers._configure(settings=settings)
+    assert settings.queueing.idle_timeout == handlers.WORKER_IDLE_S == 1.0
+
+
 def test_the_job_watch_drops_managed_fields_from_kopfs_body() -> None:
     """kopf keeps the newest body of every job for its daemon; the job handler strips the field tracking from it
     (as big as the spec again) before anything holds it."""
