@@ -132,6 +132,13 @@ class World:
         self.pods = [copy.deepcopy(o) | {"status": {"phase": "Running"}} for o in self.api.created
                      if o["kind"] == "Pod"]  # fmt: skip
 
+    def start_running(self) -> None:
+        """The first pass, then every pod Running and a pass: the job is Running, followed from now on."""
+        self.step()
+        self.running()
+        self.loop.wake()
+        self.step()
+
 
 def test_first_pass_at_once_then_idle_requeue() -> None:
     w = World()
@@ -230,10 +237,7 @@ def test_an_error_while_recording_the_error_still_backs_off(monkeypatch: pytest.
 
 def test_progress_is_read_every_interval_between_passes_and_patched_only_when_changed() -> None:
     w = World()
-    w.step()
-    w.running()
-    w.loop.wake()
-    w.step()  # Pending -> Running: the job is now followed
+    w.start_running()  # Pending -> Running: the job is now followed
     assert w.api.job["status"]["phase"] == "Running" and w.loop.followed is not None
     w.api.log = PROGRESS_LINE % 1
     w.loop.wake()
@@ -260,10 +264,7 @@ def test_a_finished_rank_0_is_read_at_once_so_the_final_progress_lands() -> None
     """Training shorter than the read interval: rank 0 exits between two reads. The pass that sees it done
     reads its last lines whatever the interval, so the Succeeded job shows its final step, not none."""
     w = World()
-    w.step()
-    w.running()
-    w.loop.wake()
-    w.step()  # Running
+    w.start_running()  # Running
     w.api.log = PROGRESS_LINE % 1
     w.loop.wake()
     w.step()
@@ -281,10 +282,7 @@ def test_a_finished_rank_0_is_read_at_once_so_the_final_progress_lands() -> None
 
 def test_a_failing_log_read_is_not_retried_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     w = World()
-    w.step()
-    w.running()
-    w.loop.wake()
-    w.step()
+    w.start_running()
     w.loop.wake()
     w.step()
     monkeypatch.setattr(w.api, "log_tail", raises(RuntimeError("log gone")))
@@ -294,10 +292,7 @@ def test_a_failing_log_read_is_not_retried_at_once(monkeypatch: pytest.MonkeyPat
 
 def test_finished_jobs_are_not_followed() -> None:
     w = World()
-    w.step()
-    w.running()
-    w.loop.wake()
-    w.step()
+    w.start_running()
     assert w.loop.followed is not None
     for pod in w.pods:
         pod["status"]["phase"] = "Succeeded"
@@ -330,6 +325,14 @@ def test_loops_route_wake_ups_and_forget_finished_loops() -> None:
     assert loops.get(NS, NAME) is None and loops.get("other", "k") is None
 
 
+async def until(cond: Any, timeout: float = 10.0) -> None:
+    """Polls `cond` on the event loop until it holds, failing after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
 def test_run_sleeps_until_woken() -> None:
     """The asyncio side: the loop sleeps IDLE_REQUEUE_S of real time unless woken, and stops when asked."""
     w = World()
@@ -339,12 +342,6 @@ def test_run_sleeps_until_woken() -> None:
 
     async def drive() -> None:
         task = asyncio.create_task(w.loop.run(lambda: stop, w.children))
-
-        async def until(cond: Any) -> None:
-            deadline = time.monotonic() + 10
-            while not cond():
-                assert time.monotonic() < deadline, "timed out"
-                await asyncio.sleep(0.01)
 
         nonlocal stop
         await until(lambda: w.passes() == 1)
@@ -376,10 +373,7 @@ def test_an_echo_seen_before_the_writes_answer_is_held_once_after_the_step() -> 
 
     async def drive() -> None:
         task = asyncio.create_task(w.loop.run(lambda: w.passes() >= 1, w.children))
-        deadline = time.monotonic() + 10
-        while w.passes() < 1:
-            assert time.monotonic() < deadline, "timed out"
-            await asyncio.sleep(0.01)
+        await until(lambda: w.passes() >= 1)
         w.loop.wake()  # out of its sleep: stopped() ends the loop
         await asyncio.wait_for(task, 10)
 
@@ -554,10 +548,7 @@ def test_an_echo_during_a_step_leaves_the_job_to_the_steps_thread() -> None:
 
 def test_a_followed_job_keeps_what_its_progress_refresh_needs_not_the_job() -> None:
     w = World()
-    w.step()
-    w.running()
-    w.loop.wake()
-    w.step()
+    w.start_running()
     followed = w.loop.followed
     assert followed is not None and followed.source == ("j-rank-0", "trainer")
     assert followed.ident == {"metadata": {"uid": "uid-1", "generation": None}}
@@ -586,10 +577,7 @@ def test_a_pass_from_the_loops_copy_deletes_nothing_before_reading_the_job_fresh
     """Two writers (a second operator): the other one counted a restart and made attempt 1's pods; this loop's
     copy still says attempt 0, so those pods look stale to it. It reads the job before deleting anything."""
     w = World()
-    w.step()
-    w.running()
-    w.loop.wake()
-    w.step()  # Running, from a fresh read; the loop's copy is the patch's answer
+    w.start_running()  # Running, from a fresh read; the loop's copy is the patch's answer
     w.api.job["status"]["restartCount"] = 1  # the other operator's write, whose watch event is still on its way
     w.pods = [copy.deepcopy(p) for p in w.pods]
     for pod in w.pods:
@@ -623,10 +611,7 @@ def test_a_timer_pass_reads_the_job_only_when_the_loops_copy_is_old() -> None:
 
 def test_a_progress_refresh_wakes_no_pass_and_costs_a_log_read_and_a_patch() -> None:
     w = World()
-    w.step()
-    w.running()
-    w.loop.wake()
-    w.step()
+    w.start_running()
     w.api.log = PROGRESS_LINE % 1
     w.clock.advance(PROGRESS_EVERY_S)
     w.step()
