@@ -38,7 +38,7 @@ class GenerationOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
 # kopf runs one worker task per watched object while its events come in, and lets it go after this many idle
 # seconds (kopf's default 5). At 5 s, a burst of 200 new jobs kept about 1,000 workers (every job, pod, Service
 # and ConfigMap) alive at once, their tasks, queues and frames spread over pymalloc arenas that a few survivors
-# then pinned: peak RSS 112 MiB and 112 after every job was deleted. At 1 s: 99 and 96, at the same CPU per job
+# then pinned: peak RSS 112 MiB and 112 after every job was deleted. At 1 s: 98 and 95, at the same CPU per job
 # (docs/operator.md, "Known limits"). A worker that expires early costs only a new task at the object's next
 # event; one awaiting its own patch's consistency stays as long as kopf needs.
 WORKER_IDLE_S = 1.0
