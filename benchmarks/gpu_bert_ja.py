@@ -1,7 +1,9 @@
 """BERT-base-sized Japanese classification training on one NVIDIA GPU: samples/s and MFU across batch sizes.
 
-    python benchmarks/gpu_bert_ja.py [--batch-sizes 8,16,32,64,128,256] [--peak-tflops N] [--json OUT]
+    python benchmarks/gpu_bert_ja.py [--batch-sizes 8,16,32,64,128,256] [--peak-tflops N] [--compile] [--json OUT]
     python benchmarks/gpu_bert_ja.py --device cpu --tiny      # smoke test of the script itself (the unit tests)
+    python benchmarks/gpu_bert_ja.py --save-tokens ids.json   # tokenise here, then on a GPU machine that lacks
+    python benchmarks/gpu_bert_ja.py --tokens ids.json        # MeCab's dictionary (unidic-lite is 249 MB)
 
 The model is BertForSequenceClassification at BERT-base size (12 layers, hidden 768, 12 heads, FFN 3072,
 vocabulary 32,000 as in cl-tohoku/bert-base-japanese), randomly initialised from that config: hub weights
@@ -139,11 +141,18 @@ def parser() -> argparse.ArgumentParser:
                     help="bf16 autocast with fp32 weights (default), or fp32 throughout (TF32 matmuls off)")
     ap.add_argument("--peak-tflops", type=positive_float,
                     help="the GPU's peak dense TFLOP/s for MFU (default: PEAK_BF16_TFLOPS by device name)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (what training.compile: true does); the warm-up steps include the "
+                         "compilation, reported as warmupSeconds")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--tiny", action="store_true", help="the tiny model (2 layers, hidden 64): smoke tests only")
     ap.add_argument("--max-minutes", type=positive_float, default=9.0,
                     help="skip the remaining batch sizes once this much time has passed (default 9)")
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--save-tokens", type=Path, metavar="FILE",
+                    help="tokenise the sample reviews at --seq-len, write the ids to FILE and exit (no torch needed)")
+    ap.add_argument("--tokens", type=Path, metavar="FILE",
+                    help="read the ids from a --save-tokens FILE instead of tokenising (no MeCab needed)")
     return ap
 
 
@@ -166,6 +175,21 @@ def token_batches(seq_len: int) -> tuple[list[list[int]], list[list[int]], list[
     return enc["input_ids"], enc["attention_mask"], [int(r["stars"] >= 4) for r in rows]
 
 
+def save_tokens(path: Path, seq_len: int) -> None:
+    ids, mask, labels = token_batches(seq_len)
+    doc = {"seqLen": seq_len, "tokenizer": TOKENIZER.name, "inputIds": ids, "attentionMask": mask, "labels": labels}
+    path.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
+
+
+def load_tokens(path: Path, seq_len: int) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """The ids a --save-tokens run wrote; refused (ValueError naming the fix) if made at another length."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    if doc.get("seqLen") != seq_len:
+        raise ValueError(f"--tokens {path} was written at --seq-len {doc.get('seqLen')}, not {seq_len}: "
+                         f"pass --seq-len {doc.get('seqLen')} or write it again with --save-tokens")
+    return doc["inputIds"], doc["attentionMask"], doc["labels"]
+
+
 def measure(args: argparse.Namespace, shape: ModelShape, batch: int, data: Any) -> dict[str, Any]:
     import torch
     from transformers import BertConfig, BertForSequenceClassification
@@ -176,6 +200,7 @@ def measure(args: argparse.Namespace, shape: ModelShape, batch: int, data: Any) 
                         max_position_embeddings=max(512, args.seq_len), num_labels=2)
     torch.manual_seed(0)
     model = BertForSequenceClassification(config).to(device).train()
+    forward = torch.compile(model, dynamic=False) if args.compile else model  # one static graph per batch size
     opt = torch.optim.AdamW(model.parameters(), lr=5e-5, **({"fused": True} if args.device == "cuda" else {}))
     ids, mask, labels = data
     n = ids.shape[0]
@@ -184,7 +209,7 @@ def measure(args: argparse.Namespace, shape: ModelShape, batch: int, data: Any) 
     def step() -> None:
         idx = torch.randint(0, n, (batch,), generator=gen).to(device)
         with torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            loss = model(input_ids=ids[idx], attention_mask=mask[idx], labels=labels[idx]).loss
+            loss = forward(input_ids=ids[idx], attention_mask=mask[idx], labels=labels[idx]).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -196,9 +221,11 @@ def measure(args: argparse.Namespace, shape: ModelShape, batch: int, data: Any) 
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     try:
+        start = time.perf_counter()
         for _ in range(args.warmup):
             step()
         sync()
+        warm_secs = time.perf_counter() - start
         start = time.perf_counter()
         for _ in range(args.steps):
             step()
@@ -208,7 +235,7 @@ def measure(args: argparse.Namespace, shape: ModelShape, batch: int, data: Any) 
         return {"batchSize": batch, "error": "out of memory"}
     mem = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None
     return {"batchSize": batch, "samplesPerSecond": round(batch * args.steps / secs, 1),
-            "stepMilliseconds": round(secs / args.steps * 1e3, 2),
+            "stepMilliseconds": round(secs / args.steps * 1e3, 2), "warmupSeconds": round(warm_secs, 2),
             "peakMemoryGiB": round(mem, 2) if mem is not None else None}
 
 
@@ -216,6 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     check_args(ap, args)
+    if args.save_tokens:
+        save_tokens(args.save_tokens, args.seq_len)
+        print(f"gpu_bert_ja: wrote the sample reviews' ids at --seq-len {args.seq_len} to {args.save_tokens}")
+        return 0
+    if args.tokens:
+        try:
+            tokens = load_tokens(args.tokens, args.seq_len)
+        except (OSError, ValueError, KeyError) as err:
+            ap.error(f"--tokens: {err}")
     import torch
 
     problem = device_problem(args.device, args.tiny, torch.cuda.is_available())
@@ -230,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = (ModelShape.tiny if args.tiny else ModelShape.base)(args.vocab_size)
     flops = train_flops_per_sample(shape, args.seq_len)
     peak, peak_source = peak_flops(device_name, args.peak_tflops)
-    ids, mask, labels = token_batches(args.seq_len)
+    ids, mask, labels = tokens if args.tokens else token_batches(args.seq_len)
     top = max(max(r) for r in ids)
     if top >= shape.vocab:
         ap.error(f"--vocab-size {shape.vocab} is smaller than the tokenizer's ids: use at least {top + 1}")
@@ -251,11 +287,13 @@ def main(argv: list[str] | None = None) -> int:
                     **{f"x {k}": round(sps / v, 2) for k, v in TRAINIUM_REFERENCE.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    doc = {"device": device_name, "precision": args.precision, "seqLen": args.seq_len, "model": asdict(shape),
+    doc = {"device": device_name, "precision": args.precision, "compile": args.compile, "seqLen": args.seq_len,
+           "model": asdict(shape),
            "flopsPerSample": flops, "flopsFormula": "6*S*N + 12*L*H*S^2, N = L*(4*H^2 + 2*H*F)",
            "peakFlops": peak, "peakSource": peak_source, "trainiumReference": TRAINIUM_REFERENCE,
            "seconds": round(time.monotonic() - started, 1), "results": rows}
-    print(f"\n{device_name}, {args.precision}, seq {args.seq_len}, {flops / 1e9:.1f} GFLOPs/sample; "
+    mode = f"{args.precision}{', torch.compile' if args.compile else ''}"
+    print(f"\n{device_name}, {mode}, seq {args.seq_len}, {flops / 1e9:.1f} GFLOPs/sample; "
           f"peak: {peak_source}")
     print("| batch | samples/s | step ms | TFLOP/s | MFU | vs trn1 fp32 (68) | vs trn1 bf16 x2 (149) | peak GiB |")
     print("|---|---|---|---|---|---|---|---|")

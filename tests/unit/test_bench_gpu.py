@@ -109,3 +109,25 @@ def test_cpu_tiny_smoke_run_reports_every_batch_size(tmp_path: Path) -> None:
         assert r["samplesPerSecond"] > 0
         assert r["mfu"] == pytest.approx(r["samplesPerSecond"] * tiny_flops / 1e12, rel=0.01, abs=1e-4)
     assert "| 4 |" in proc.stdout
+
+
+def test_saved_tokens_feed_a_run_without_the_tokenizer(tmp_path: Path) -> None:
+    ids = tmp_path / "ids.json"
+    saved = subprocess.run([sys.executable, str(SCRIPT), "--save-tokens", str(ids), "--seq-len", "32"],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    doc = json.loads(ids.read_text())
+    assert doc["seqLen"] == 32 and {len(row) for row in doc["inputIds"]} == {32}
+    assert len(doc["inputIds"]) == len(doc["attentionMask"]) == len(doc["labels"]) > 0
+    assert g.load_tokens(ids, 32) == g.token_batches(32)
+    with pytest.raises(ValueError, match="--seq-len 32"):
+        g.load_tokens(ids, 128)
+    out = tmp_path / "gpu.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--tokens", str(ids),
+                          "--seq-len", "32", "--batch-sizes", "2", "--steps", "1", "--warmup", "0",
+                          "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(out.read_text())["results"][0]["samplesPerSecond"] > 0
+    wrong = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--tokens", str(ids)],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert wrong.returncode == 2 and "--tokens" in wrong.stderr and "--seq-len 32" in wrong.stderr
