@@ -117,6 +117,18 @@ def _check_protocols(data_files: dict[str, str]) -> None:
                               f"name them by path") from e
 
 
+def dataset_from_rows(rows: list[dict[str, Any]]) -> Any:
+    """`datasets.Dataset.from_list(rows)`, fingerprinted by the rows' JSON. from_list fingerprints an in-memory
+    table by pickling all of it with dill: slower than hashing the JSON, and it fails outright under Python 3.12
+    (seen with datasets 5.2, dill 0.4.1, pyarrow 26 on a GPU machine: "Can't pickle <class 'MonthDayNano'>")."""
+    import datasets  # type: ignore[import-untyped,unused-ignore]
+    import pyarrow as pa  # type: ignore[import-untyped,unused-ignore]
+
+    digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    table = datasets.table.InMemoryTable(pa.Table.from_pylist(rows))
+    return datasets.Dataset(table, fingerprint=f"rows-{digest}")
+
+
 def load_raw(ds: DatasetConfig, cache_dir: str | None = None) -> Any:
     """A `datasets.DatasetDict` with at least the train split."""
     import datasets  # type: ignore[import-untyped,unused-ignore]
@@ -131,7 +143,7 @@ def load_raw(ds: DatasetConfig, cache_dir: str | None = None) -> Any:
         for split, files in _split_files(ds).items():
             if all(_is_squad_json(f) for f in files):
                 rows = [r for f in files for r in flatten_squad(json.loads(f.read_text(encoding="utf-8")))]
-                splits[split] = datasets.Dataset.from_list(rows)
+                splits[split] = dataset_from_rows(rows)
             else:
                 fmt = _LOCAL_FORMATS[files[0].suffix]
                 splits[split] = datasets.load_dataset(fmt, data_files=[str(f) for f in files], split="train",

@@ -275,6 +275,12 @@ def _run_worker() -> int:
                               "eval_dataset": dsets["validation"], "processing_class": tokenizer,
                               "callbacks": [callback], "optimizers": optimizers}
     trainer = plugin.trainer(task, dsets, tokenizer, common)
+    if info.is_main:  # where the steps really run: the proof that a backend's device was taken up
+        import torch.distributed as dist
+
+        log.info("training on %s, %s, process group %s", args.device,
+                 "bf16 weights" if plan.cast_model_bf16 else "bf16 autocast" if args.bf16 else "fp32",
+                 dist.get_backend() if dist.is_initialized() else "none")
 
     train_metrics: dict[str, Any] = {}
     probe = compilecache.CacheProbe(compilecache.cache_root(os.environ, plan.name)) if precompile else None

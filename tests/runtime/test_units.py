@@ -696,3 +696,21 @@ def test_an_epoch_end_save_only_when_the_newest_checkpoint_is_a_minute_old() -> 
     cb.on_save(SimpleNamespace(output_dir="/nonexistent"), state, None)
     now[0] += 2 * EPOCH_SAVE_MIN_SECONDS
     assert not epoch_end(4 * EPOCH_SAVE_MIN_SECONDS + 5, 52), "this very step was just saved"
+
+
+def test_dataset_from_rows_matches_from_list_without_pickling_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+    import datasets.arrow_dataset
+
+    rows = [{"id": "a", "answers": {"text": ["x"], "answer_start": [3]}},
+            {"id": "b", "answers": {"text": [], "answer_start": []}}]
+    reference = datasets.Dataset.from_list(rows)
+
+    def no_dill_hash(_: object) -> str:
+        raise AssertionError("the in-memory table was fingerprinted by pickling it")
+
+    monkeypatch.setattr(datasets.arrow_dataset, "generate_fingerprint", no_dill_hash)
+    built = data.dataset_from_rows(rows)
+    assert built.features == reference.features and built.to_list() == reference.to_list()
+    assert built._fingerprint == data.dataset_from_rows(list(rows))._fingerprint
+    assert built._fingerprint != data.dataset_from_rows(rows[:1])._fingerprint

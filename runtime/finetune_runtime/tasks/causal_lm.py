@@ -178,7 +178,7 @@ class CausalLM:
         prompts = [{"messages": prompt_messages(to_messages(r, cols))} for r in ev.select(range(min(DEFAULT_PROMPTS,
                                                                                                    len(ev))))]
         return datasets.DatasetDict({"train": trainable(train), "validation": trainable(ev),
-                                     "validation_prompts": datasets.Dataset.from_list(prompts)})
+                                     "validation_prompts": data.dataset_from_rows(prompts)})
 
     def build_model(self, task: TaskConfig, tokenizer: Any, weights_from: Path | None) -> Any:
         lora = LoraOptions.from_task(task)
