@@ -13,12 +13,15 @@ precision=${PRECISION:-bf16}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 site=$(mktemp -d)
+bin=$(mktemp -d)
+trap 'rm -rf "$site" "$bin"' EXIT
 if [ -n "${WHEELS:-}" ]; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$WHEELS"/*.whl
 fi
 # ftjob run starts the runtime as `ftjob-runtime` (the images' entry point); here it runs from the source tree.
-bin=$(mktemp -d)
-printf '#!/bin/sh\nexec %s -m finetune_runtime "$@"\n' "$(command -v "$py")" >"$bin/ftjob-runtime"
+py_path=$(command -v "$py")
+case $py_path in /*) ;; *) py_path=$PWD/$py_path ;; esac  # a virtual environment's python, not its target
+printf '#!/bin/sh\nexec %s -m finetune_runtime "$@"\n' "$py_path" >"$bin/ftjob-runtime"
 chmod +x "$bin/ftjob-runtime"
 export PATH="$bin:$PATH" PYTHONPATH="$site:$PWD/operator:$PWD/runtime${PYTHONPATH:+:$PYTHONPATH}"
 "$py" - <<PY | tee "$out/versions.txt"
