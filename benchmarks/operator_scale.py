@@ -203,6 +203,21 @@ class Arrivals:
             return None
         return max(sorted(have_pods)[pods - 1], sorted(have_services)[services - 1] if services else 0.0)
 
+    def wait_complete(self, jobs: list[str], pods: int, services: int, timeout: float, who: str) -> dict[str, float]:
+        """Block until every job in `jobs` is complete (complete_at); their completion clock times."""
+        deadline = time.monotonic() + timeout
+        done: dict[str, float] = {}
+        with self.changed:
+            while True:
+                for job in set(jobs) - done.keys():
+                    if (at := self.complete_at(job, pods, services)) is not None:
+                        done[job] = at
+                if len(done) == len(jobs):
+                    return done
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{who}: only {len(done)}/{len(jobs)} jobs got their children in time")
+                self.changed.wait(1.0)
+
     def close(self) -> None:
         for resp in self.responses:
             resp.shutdown()  # unblocks the reader thread's read (urllib3 2.3+); close() alone would wait for it
@@ -337,16 +352,11 @@ class Bench:
             with ThreadPoolExecutor(RAW_THREADS) as pool:
                 list(pool.map(kube.create, objs))
             seconds = time.monotonic() - start
-            deadline = time.monotonic() + 120
-            want = (ranks, OURS.services_per_job(ranks))
-            with arrivals.changed:
-                while None in (done := [arrivals.complete_at(f"raw-{i}", *want) for i in range(jobs)]):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"raw: only {jobs - done.count(None)}/{jobs} jobs seen in time")
-                    arrivals.changed.wait(1.0)
+            done = arrivals.wait_complete([f"raw-{i}" for i in range(jobs)], ranks, OURS.services_per_job(ranks),
+                                          120, "raw")
         finally:
             arrivals.close()
-        watched = max(t for t in done if t is not None) - start
+        watched = max(done.values()) - start
         return {"objects": len(objs), "seconds": round(seconds, 3), "watchedSeconds": round(watched, 3),
                 "objectsPerSecond": round(len(objs) / seconds, 1), "threads": RAW_THREADS, "perJob": len(objs) / jobs,
                 "controlPlaneCpuSeconds": round(self.control_plane_cpu() - cpu, 2)}  # fmt: skip
@@ -357,14 +367,7 @@ class Bench:
         are this namespace's (other jobs' progress reads go on meanwhile in the operator's own session)."""
         mark = count_requests(self.audit_log, system.user, ns)
         arrivals = Arrivals(self.api, ns, system.job_label)
-        want_services = system.services_per_job(ranks)
         created: dict[str, float] = {}
-        done: dict[str, float] = {}
-
-        def record() -> None:  # under arrivals.changed; the times are the watch events' arrivals
-            for name in created.keys() - done.keys():
-                if (at := arrivals.complete_at(name, ranks, want_services)) is not None:
-                    done[name] = at
 
         path = f"/apis/{system.group}/{system.version}/namespaces/{ns}/{system.plural}"
 
@@ -379,15 +382,9 @@ class Bench:
             with ThreadPoolExecutor(RAW_THREADS) as pool:
                 list(pool.map(create, range(jobs)))
             create_seconds = time.monotonic() - start
-            deadline = time.monotonic() + max(120, jobs * 3, ranks * 3)
-            with arrivals.changed:
-                while True:
-                    record()
-                    if len(done) == jobs:
-                        break
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{system.name}: only {len(done)}/{jobs} jobs got their children in time")
-                    arrivals.changed.wait(1.0)
+            # The times are the watch events' arrivals.
+            done = arrivals.wait_complete(list(created), ranks, system.services_per_job(ranks),
+                                          max(120, jobs * 3, ranks * 3), system.name)
         finally:
             arrivals.close()
         cpu = self.control_plane_cpu() - cpu
