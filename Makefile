@@ -9,6 +9,15 @@ UV_VERSION := 0.13.8
 UV := $(VENV)/../.cache/uv-bin/uv
 export UV_NATIVE_TLS := 1
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
+# Wheels this Makefile builds once and every venv's install finds (--find-links): unidic-lite (the MeCab dictionary
+# the runtime depends on) exists only as an sdist. Behind a TLS-intercepting proxy uv cannot revalidate its cached
+# download, so it rebuilt that sdist (a 550 MB tree in its cache) for every new venv: 13 GB after 14 CI runs filled
+# the disk. UV_INSTALL is the one install command; it drops the cache's unreachable entries afterwards.
+WHEELHOUSE := $(HOME)/.cache/finetune-operator/wheels
+UNIDIC_LITE_VERSION := 1.0.8
+UNIDIC_WHEEL := $(WHEELHOUSE)/unidic_lite-$(UNIDIC_LITE_VERSION)-py3-none-any.whl
+UV_INSTALL = $(UV) pip install --find-links $(WHEELHOUSE)
+UV_PRUNE = $(UV) cache prune -q
 
 .PHONY: help setup lint typecheck test test-unit test-local demo clean
 
@@ -19,9 +28,16 @@ $(UV):
 	python3 -m pip install -q --target $(ROOT)/.cache/uv-pkg uv==$(UV_VERSION)
 	mkdir -p $(dir $(UV)) && ln -sf $(ROOT)/.cache/uv-pkg/bin/uv $(UV)
 
-$(VENV)/.stamp: $(UV) operator/pyproject.toml runtime/pyproject.toml $(wildcard requirements/*.txt)
+# Built in a temporary folder and moved: an interrupted build never leaves a truncated wheel behind.
+$(UNIDIC_WHEEL):
+	mkdir -p $(WHEELHOUSE) && tmp=$$(mktemp -d $(WHEELHOUSE)/.build-XXXXXX) && \
+	  python3 -m pip wheel -q --no-deps --no-cache-dir --wheel-dir $$tmp unidic-lite==$(UNIDIC_LITE_VERSION) && \
+	  mv $$tmp/$(notdir $@) $@ && rm -rf $$tmp
+
+$(VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) operator/pyproject.toml runtime/pyproject.toml $(wildcard requirements/*.txt)
 	[ -x $(PY) ] || $(UV) venv --python 3.11 $(VENV)
-	VIRTUAL_ENV=$(VENV) $(UV) pip install -e operator -e runtime $(addprefix -r ,$(wildcard requirements/*.txt))
+	VIRTUAL_ENV=$(VENV) $(UV_INSTALL) -e operator -e runtime $(addprefix -r ,$(wildcard requirements/*.txt))
+	$(UV_PRUNE)
 	touch $@
 
 setup: $(VENV)/.stamp ## Create .venv with both packages (editable), test and lint tools

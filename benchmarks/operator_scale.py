@@ -34,7 +34,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -55,7 +54,7 @@ sys.path.insert(0, str(ROOT / "tests" / "controlplane"))
 import peer_report  # noqa: E402
 import procstat  # noqa: E402
 from auditlog import count_requests, policy_for_user, watch_uris  # noqa: E402
-from benchio import write_json  # noqa: E402
+from benchio import scratch, write_json  # noqa: E402
 from operator_support import Kubelet, NodeLogs, install_crd, running_operator  # noqa: E402
 
 from finetune_operator.admission import validate  # noqa: E402
@@ -524,6 +523,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="seconds of steady-state measurement (our operator, without --peer; 0: none)")
     ap.add_argument("--log-every", type=float, default=5.0, help="seconds between progress lines in every log")
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
+    ap.add_argument("--keep-work", action="store_true",
+                    help="keep the scratch folder (operator logs, etcd data, audit log) after a successful run")
     peer = ap.add_argument_group("raw, ours and the Kubeflow peer, interleaved (make bench-peer)")
     peer.add_argument("--peer", action="store_true", help="measure raw, ours and the peer (no steady state)")
     peer.add_argument("--rounds", type=int, default=1, help="interleaved rounds (the order rotates each round)")
@@ -554,7 +555,11 @@ def turn_order(systems: list[str], round_index: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="ftjob-bench-"))
+    with scratch("ftjob-bench-", args.keep_work) as work:
+        return run(args, work)
+
+
+def run(args: argparse.Namespace, work: Path) -> int:
     policy = work / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(policy_for_user(OPERATOR_USER, PEER_USER)))
     audit_log = work / "audit.log"
@@ -575,7 +580,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.readme:
         peer_report.write_section(args.readme, peer_report.section(results, peer_report.command(results)))
     write_json(args.json, results)
-    print(f"logs and audit log: {work}")
     return 0
 
 

@@ -24,14 +24,13 @@ import copy
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchio import write_json
+from benchio import scratch, write_json
 from kubernetes.client.exceptions import ApiException
 from operator_scale import (  # (it puts tools/cluster on the path)
     PODS_PER_JOB,
@@ -153,9 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=200, help="requests of each kind")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-variants", action="store_true", help="skip the CRD variants (shipped, no CEL, no schema)")
+    ap.add_argument("--keep-work", action="store_true", help="keep the scratch folder (etcd data, logs) after a run")
     args = ap.parse_args(argv)
+    with scratch("ftjob-bench-cost-", args.keep_work) as work:
+        return run(args, work)
+
+
+def run(args: argparse.Namespace, work: Path) -> int:
     n = args.requests
-    work = Path(tempfile.mkdtemp(prefix="ftjob-bench-cost-"))
     cluster = bench_cluster(work / "cluster", [])
     per: dict[str, dict[str, float]] = {}
     with cluster:

@@ -16,6 +16,7 @@ IMPI_VERSIONS := $(sort $(shell sed -n 's/^impi-rt==//p' $(ROOT)/images/xeon/req
 $(IMPI_DIR)/%/.stamp: $(UV)
 	[ -x $(IMPI_DIR)/$*/bin/python ] || $(UV) venv --python 3.11 $(IMPI_DIR)/$*
 	VIRTUAL_ENV=$(IMPI_DIR)/$* $(UV) pip install "impi-rt==$*"
+	$(UV_PRUNE)
 	touch $@
 
 impi: $(foreach v,$(IMPI_VERSIONS),$(IMPI_DIR)/$(v)/.stamp) ## Intel MPI runtimes (impi-rt, the xeon images' versions) in .venv-impi/
@@ -45,9 +46,10 @@ test-runtime-fast: setup runtime-deps impi versitygw ## Runtime tier without the
 # transformers 4.57 is the newest release the Neuron stack pins (docs/runtime.md); the uv cache hardlinks torch,
 # so this second venv is cheap. The operator package is installed too: tests/runtime renders the samples' config
 # through its admission and builders, exactly as the pods get it.
-$(TF457_VENV)/.stamp: $(UV) runtime/pyproject.toml operator/pyproject.toml
+$(TF457_VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) runtime/pyproject.toml operator/pyproject.toml
 	[ -x $(TF457_VENV)/bin/python ] || $(UV) venv --python 3.11 $(TF457_VENV)
-	VIRTUAL_ENV=$(TF457_VENV) $(UV) pip install -e operator -e runtime "transformers==4.57.*" "pytest>=9" pytest-timeout hypothesis
+	VIRTUAL_ENV=$(TF457_VENV) $(UV_INSTALL) -e operator -e runtime "transformers==4.57.*" "pytest>=9" pytest-timeout hypothesis
+	$(UV_PRUNE)
 	touch $@
 
 test-runtime-tf457: $(TF457_VENV)/.stamp runtime-deps impi versitygw ## Runtime units + QA/demo/causal-lm LoRA trainings under transformers 4.57

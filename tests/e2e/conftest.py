@@ -61,7 +61,7 @@ class NodeCluster:
 
 
 @pytest.fixture(scope="session")
-def node_cluster() -> Iterator[NodeCluster]:
+def node_cluster(request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
     reason = node.unavailable_reason()
     if reason:
         pytest.skip(f"no node on this machine: {reason}")
@@ -79,9 +79,16 @@ def node_cluster() -> Iterator[NodeCluster]:
             yield NodeCluster(cluster, cluster.kubeconfig, volumes)
         finally:
             node.stop(cluster, directory)
-            print(f"[ftjob-e2e] node stopped; logs in {directory / 'logs'}", flush=True)
     left = node.leftovers(directory / "node")
     assert not left, f"cluster-down left host changes behind: {left}"
+    # Kept for a failed session only: etcd's data, the pods' logs and the jobs' models are a few hundred MB a run,
+    # and a CI machine that runs the tier again and again filled its disk with them.
+    if request.session.testsfailed:
+        print(f"[ftjob-e2e] node stopped; a test failed: logs kept in {directory / 'logs'}", flush=True)
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
+        print(f"[ftjob-e2e] node stopped; {'could not remove ' if directory.exists() else 'removed '}{directory}",
+              flush=True)
 
 
 @pytest.fixture(scope="session")
