@@ -136,6 +136,8 @@ def sshd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int, 
     cfg = tmp_path / "sshd_config"
     cfg.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nPidFile {tmp_path / 'sshd.pid'}\n"
                    "UsePAM no\n")  # fmt: skip
+    if os.geteuid() == 0:  # root sshd refuses to start without it; a fresh machine's openssh-server has not made it
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # (the runtime's prepare_sshd does the same in pods)
     yield port, exe
 
 
@@ -170,8 +172,8 @@ def test_launcher_waits_for_every_workers_sshd(operator: OperatorProcess, kubect
         rc, out = _run_init(launcher, dict.fromkeys(names, "127.0.0.1"), dict(env), timeout_s=30)
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
-    assert rc == 0, out
+        sshd_out, _ = proc.communicate(timeout=10)
+    assert rc == 0, f"{out}\nsshd (exit {proc.returncode}) said:\n{sshd_out.decode(errors='replace')}"
     for h in hosts:
         assert f"ssh:{h}:{port} ready" in out, out
     rec.notes.append("mpirun starts only after every worker's name resolves and its sshd answers with a banner")
