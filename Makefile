@@ -5,9 +5,9 @@ ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
 VENV ?= $(ROOT)/.venv
 PY := $(VENV)/bin/python
 UV_VERSION := 0.13.8
-# uv honours the host CA bundle (TLS-intercepting proxies) with --native-tls.
+# uv honours the host CA bundle (TLS-intercepting proxies) with --system-certs (named --native-tls before uv 0.13).
 UV := $(VENV)/../.cache/uv-bin/uv
-export UV_NATIVE_TLS := 1
+export UV_SYSTEM_CERTS := 1
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 # Wheels this Makefile builds once and every venv's install finds (--find-links): unidic-lite (the MeCab dictionary
 # the runtime depends on) exists only as an sdist. Behind a TLS-intercepting proxy uv cannot revalidate its cached
