@@ -102,6 +102,12 @@ def prepare_sshd(env: Mapping[str, str]) -> list[str]:
     argv, cfg = sshd_plan(d)
     cfg.write_text(sshd_config(d, env.get("FTJOB_SSH_PORT") or "2222", strict_modes=strict), encoding="utf-8")
     os.chmod(cfg, 0o600)
-    if os.geteuid() == 0:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # root sshd wants its privilege-separation dir
+    ensure_privsep_dir()
     return argv
+
+
+def ensure_privsep_dir() -> None:
+    """A root sshd refuses to start without its privilege-separation directory, /run/sshd (built into OpenSSH).
+    The images make it (images/common/add-user.sh); a host's freshly installed openssh-server may not have."""
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)

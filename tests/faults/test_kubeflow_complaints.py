@@ -22,6 +22,7 @@ from operator_support import Kubelet, job_yaml
 from tierdeps import require
 
 from finetune_operator import constants as c
+from finetune_runtime.sshd import ensure_privsep_dir
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +137,7 @@ def sshd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int, 
     cfg = tmp_path / "sshd_config"
     cfg.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {key}\nPidFile {tmp_path / 'sshd.pid'}\n"
                    "UsePAM no\n")  # fmt: skip
-    if os.geteuid() == 0:  # root sshd refuses to start without it; a fresh machine's openssh-server has not made it
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # (the runtime's prepare_sshd does the same in pods)
+    ensure_privsep_dir()  # as the runtime does before its sshd: a fresh machine may not have /run/sshd yet
     yield port, exe
 
 
