@@ -19,7 +19,7 @@ UNIDIC_WHEEL := $(WHEELHOUSE)/unidic_lite-$(UNIDIC_LITE_VERSION)-py3-none-any.wh
 UV_INSTALL = $(UV) pip install --find-links $(WHEELHOUSE)
 UV_PRUNE = $(UV) cache prune -q
 
-.PHONY: help setup lint typecheck test test-unit test-local demo clean
+.PHONY: help setup lint format typecheck test test-unit test-local demo clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | sort -u | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
@@ -42,8 +42,14 @@ $(VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) operator/pyproject.toml runtime/pyproject.
 
 setup: $(VENV)/.stamp ## Create .venv with both packages (editable), test and lint tools
 
-lint: setup ## ruff on all Python code
-	$(VENV)/bin/ruff check operator runtime tests tools benchmarks
+PY_SOURCES := operator runtime tests tools benchmarks hack
+
+lint: setup ## ruff lint and ruff format --check on all Python code (`make format` rewrites)
+	$(VENV)/bin/ruff check $(PY_SOURCES)
+	$(VENV)/bin/ruff format --check $(PY_SOURCES)
+
+format: setup ## Format all Python code with ruff (the style `make lint` enforces)
+	$(VENV)/bin/ruff format $(PY_SOURCES)
 
 typecheck: setup ## mypy --strict on the operator package
 	$(VENV)/bin/mypy --strict operator/finetune_operator

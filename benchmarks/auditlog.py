@@ -49,8 +49,11 @@ def _counted(event: dict[str, Any]) -> bool:
 def count_requests(log: Path, user: str, namespace: str | None = None) -> Counter[str]:
     """`verb resource` -> number of requests by `user` (in `namespace` only, when given: cluster-wide watches
     and other namespaces' requests left out)."""
-    return Counter(request_key(e) for e in _events(log, user)
-                   if _counted(e) and (namespace is None or (e.get("objectRef") or {}).get("namespace") == namespace))
+    return Counter(
+        request_key(e)
+        for e in _events(log, user)
+        if _counted(e) and (namespace is None or (e.get("objectRef") or {}).get("namespace") == namespace)
+    )
 
 
 def watch_uris(log: Path, user: str) -> list[str]:

@@ -63,8 +63,12 @@ def run_once(job: Path, work: Path, output: Path, timeout: float) -> dict[str, A
     train_log = work / "logs" / "train-node0.log"
     train_log.unlink(missing_ok=True)
     start = time.perf_counter()
-    proc = subprocess.Popen([FTJOB, "run", "-f", str(job), "--workdir", str(work), "--output", str(output), "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [FTJOB, "run", "-f", str(job), "--workdir", str(work), "--output", str(output), "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first: float | None = None
     while proc.poll() is None and time.perf_counter() - start < timeout:
         if first is None and records(train_log, "train"):
@@ -78,8 +82,11 @@ def run_once(job: Path, work: Path, output: Path, timeout: float) -> dict[str, A
         raise RuntimeError(f"ftjob run exited {proc.returncode}:\n{err[-3000:]}")
     first = first if first is not None else (time.perf_counter() - start if records(train_log, "train") else None)
     trial = [r for r in records(work / "logs" / "precompile-node0.log", "precompile") if r.get("complete")]
-    return {"firstStepSeconds": round(first, 1) if first is not None else None,
-            "totalSeconds": round(time.perf_counter() - start, 1), "cache": trial[-1].get("cache") if trial else None}
+    return {
+        "firstStepSeconds": round(first, 1) if first is not None else None,
+        "totalSeconds": round(time.perf_counter() - start, 1),
+        "cache": trial[-1].get("cache") if trial else None,
+    }
 
 
 def main() -> int:
@@ -102,17 +109,25 @@ def main() -> int:
             for side in ("cold", "warm"):
                 r = run_once(job, work, work / f"out-{side}", args.timeout)
                 runs.append({"pair": pair, "side": side, **r})
-                print(f"pair {pair} {side}: first step after {r['firstStepSeconds']} s, cache {r['cache']}",
-                      flush=True)
+                print(f"pair {pair} {side}: first step after {r['firstStepSeconds']} s, cache {r['cache']}", flush=True)
 
     def med(side: str) -> float:
         return float(statistics.median(r["firstStepSeconds"] for r in runs if r["side"] == side))
 
     cold, warm = med("cold"), med("warm")
-    doc = {"config": {"pairs": pairs, "trialSteps": args.trial_steps, "cpus": os.cpu_count(),
-                      "loadAverage": os.getloadavg()},
-           "runs": runs, "coldFirstStepSeconds": cold, "warmFirstStepSeconds": warm,
-           "savedSeconds": round(cold - warm, 1), "speedup": round(cold / warm, 2) if warm else None}
+    doc = {
+        "config": {
+            "pairs": pairs,
+            "trialSteps": args.trial_steps,
+            "cpus": os.cpu_count(),
+            "loadAverage": os.getloadavg(),
+        },
+        "runs": runs,
+        "coldFirstStepSeconds": cold,
+        "warmFirstStepSeconds": warm,
+        "savedSeconds": round(cold - warm, 1),
+        "speedup": round(cold / warm, 2) if warm else None,
+    }
     print("| compile cache | first training step after (median) |\n|---|---|")
     print(f"| cold (the trial compiles) | {cold:.1f} s |\n| warm (every graph from the cache) | {warm:.1f} s |")
     print(f"| saved | {doc['savedSeconds']} s ({doc['speedup']}x) |")

@@ -38,8 +38,11 @@ def write_scaled(dest: Path, scale: int) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
     texts: list[str] = []
     for split in ("train", "validation"):
-        rows = [json.loads(line) for line in (DATA / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
-                if line.strip()]
+        rows = [
+            json.loads(line)
+            for line in (DATA / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
         with (dest / f"{split}.jsonl").open("w", encoding="utf-8") as f:
             for k in range(scale):
                 for r in rows:
@@ -62,8 +65,13 @@ def mecab_throughput(texts: list[str]) -> dict[str, float]:
     mecab.tokenize(texts[0])  # dictionary load outside the clock
     secs, words = timed(lambda: sum(len(mecab.tokenize(t)) for t in texts))
     chars = sum(len(t) for t in texts)
-    return {"texts": len(texts), "seconds": round(secs, 3), "textsPerSecond": round(len(texts) / secs, 1),
-            "charsPerSecond": round(chars / secs), "wordsPerSecond": round(words / secs)}
+    return {
+        "texts": len(texts),
+        "seconds": round(secs, 3),
+        "textsPerSecond": round(len(texts) / secs, 1),
+        "charsPerSecond": round(chars / secs),
+        "wordsPerSecond": round(words / secs),
+    }
 
 
 def tokenizer_throughput(texts: list[str], max_length: int) -> dict[str, float]:
@@ -73,8 +81,12 @@ def tokenizer_throughput(texts: list[str], max_length: int) -> dict[str, float]:
     tok(texts[:1])
     secs, enc = timed(lambda: tok(texts, truncation=True, max_length=max_length))
     tokens = sum(len(ids) for ids in enc["input_ids"])
-    return {"loadSeconds": round(load_secs, 3), "seconds": round(secs, 3),
-            "textsPerSecond": round(len(texts) / secs, 1), "tokensPerSecond": round(tokens / secs)}
+    return {
+        "loadSeconds": round(load_secs, 3),
+        "seconds": round(secs, 3),
+        "textsPerSecond": round(len(texts) / secs, 1),
+        "tokensPerSecond": round(tokens / secs),
+    }
 
 
 def cache_first_vs_second(data_dir: Path, work: Path, repeats: int) -> dict[str, Any]:
@@ -110,9 +122,13 @@ def cache_first_vs_second(data_dir: Path, work: Path, repeats: int) -> dict[str,
         assert hit and len(again["train"]) == len(dsets["train"])
         seconds.append(secs)
     second = statistics.median(seconds)
-    return {"trainRows": len(dsets["train"]), "evalRows": len(dsets["validation"]),
-            "firstSeconds": round(first_secs, 3), "secondSeconds": round(second, 4),
-            "speedup": round(first_secs / second, 1)}
+    return {
+        "trainRows": len(dsets["train"]),
+        "evalRows": len(dsets["validation"]),
+        "firstSeconds": round(first_secs, 3),
+        "secondSeconds": round(second, 4),
+        "speedup": round(first_secs / second, 1),
+    }
 
 
 def main() -> int:
@@ -132,16 +148,20 @@ def main() -> int:
         mecab = mecab_throughput(texts)
         tok = tokenizer_throughput(texts, max_length)
         cache = cache_first_vs_second(work / "ja-reviews", work, args.repeats)
-    doc = {"config": {"scale": scale, "trainTexts": len(texts), "cpus": os.cpu_count(),
-                      "loadAverage": os.getloadavg()},
-           "mecab": mecab, "tokenizer": tok, "cache": cache}
+    doc = {
+        "config": {"scale": scale, "trainTexts": len(texts), "cpus": os.cpu_count(), "loadAverage": os.getloadavg()},
+        "mecab": mecab,
+        "tokenizer": tok,
+        "cache": cache,
+    }
     print(f"| {len(texts)} training reviews | value |\n|---|---|")
-    print(f"| MeCab (unidic-lite) alone | {mecab['textsPerSecond']} texts/s, {mecab['charsPerSecond']} chars/s, "
-          f"{mecab['wordsPerSecond']} words/s |")
+    print(
+        f"| MeCab (unidic-lite) alone | {mecab['textsPerSecond']} texts/s, {mecab['charsPerSecond']} chars/s, "
+        f"{mecab['wordsPerSecond']} words/s |"
+    )
     print(f"| tokenizer (MeCab + WordPiece) | {tok['textsPerSecond']} texts/s, {tok['tokensPerSecond']} tokens/s |")
     print(f"| runtime dataset prep, first run (build + save) | {cache['firstSeconds']} s |")
-    print(f"| runtime dataset prep, second run (cache hit) | {cache['secondSeconds']} s "
-          f"({cache['speedup']}x faster) |")
+    print(f"| runtime dataset prep, second run (cache hit) | {cache['secondSeconds']} s ({cache['speedup']}x faster) |")
     write_json(args.json, doc)
     return 0
 

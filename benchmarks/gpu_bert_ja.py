@@ -105,7 +105,8 @@ def batch_sizes(text: str) -> list[int]:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--batch-sizes takes comma-separated integers, e.g. 8,16,32; got {text!r}") from None
+            f"--batch-sizes takes comma-separated integers, e.g. 8,16,32; got {text!r}"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"--batch-sizes takes positive integers, e.g. 8,16,32; got {text!r}")
     return values
@@ -121,44 +122,78 @@ def positive_float(text: str) -> float:
 def device_problem(device: str, tiny: bool, cuda_available: bool) -> str | None:
     """Why this run must not start (None when it may)."""
     if device == "cuda" and not cuda_available:
-        return ("no CUDA GPU is visible (torch.cuda.is_available() is False): this benchmark runs on one NVIDIA "
-                "GPU. For a smoke test of the script on CPU: --device cpu --tiny")
+        return (
+            "no CUDA GPU is visible (torch.cuda.is_available() is False): this benchmark runs on one NVIDIA "
+            "GPU. For a smoke test of the script on CPU: --device cpu --tiny"
+        )
     if device == "cpu" and not tiny:
-        return ("--device cpu runs only with --tiny (a smoke test): BERT-base training on CPU says nothing "
-                "about the GPU figures this benchmark is for")
+        return (
+            "--device cpu runs only with --tiny (a smoke test): BERT-base training on CPU says nothing "
+            "about the GPU figures this benchmark is for"
+        )
     return None
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch-sizes", type=batch_sizes, default=[8, 16, 32, 64, 128, 256],
-                    help="comma-separated per-GPU batch sizes (default 8,16,32,64,128,256)")
+    ap.add_argument(
+        "--batch-sizes",
+        type=batch_sizes,
+        default=[8, 16, 32, 64, 128, 256],
+        help="comma-separated per-GPU batch sizes (default 8,16,32,64,128,256)",
+    )
     ap.add_argument("--seq-len", type=int, default=128, help="tokens per sample, padded (default 128)")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per batch size (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     ap.add_argument("--vocab-size", type=int, default=32000, help="embedding rows (default 32000)")
-    ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16",
-                    help="bf16 autocast with fp32 weights (default), or fp32 throughout (TF32 matmuls off)")
-    ap.add_argument("--peak-tflops", type=positive_float,
-                    help="the GPU's peak dense TFLOP/s for MFU (default: PEAK_BF16_TFLOPS by device name)")
-    ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the model (what training.compile: true does); the warm-up steps include the "
-                         "compilation, reported as warmupSeconds")
+    ap.add_argument(
+        "--precision",
+        choices=["bf16", "fp32"],
+        default="bf16",
+        help="bf16 autocast with fp32 weights (default), or fp32 throughout (TF32 matmuls off)",
+    )
+    ap.add_argument(
+        "--peak-tflops",
+        type=positive_float,
+        help="the GPU's peak dense TFLOP/s for MFU (default: PEAK_BF16_TFLOPS by device name)",
+    )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model (what training.compile: true does); the warm-up steps include the "
+        "compilation, reported as warmupSeconds",
+    )
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--tiny", action="store_true", help="the tiny model (2 layers, hidden 64): smoke tests only")
-    ap.add_argument("--max-minutes", type=positive_float, default=9.0,
-                    help="skip the remaining batch sizes once this much time has passed (default 9)")
+    ap.add_argument(
+        "--max-minutes",
+        type=positive_float,
+        default=9.0,
+        help="skip the remaining batch sizes once this much time has passed (default 9)",
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
-    ap.add_argument("--save-tokens", type=Path, metavar="FILE",
-                    help="tokenise the sample reviews at --seq-len, write the ids to FILE and exit (no torch needed)")
-    ap.add_argument("--tokens", type=Path, metavar="FILE",
-                    help="read the ids from a --save-tokens FILE instead of tokenising (no MeCab needed)")
+    ap.add_argument(
+        "--save-tokens",
+        type=Path,
+        metavar="FILE",
+        help="tokenise the sample reviews at --seq-len, write the ids to FILE and exit (no torch needed)",
+    )
+    ap.add_argument(
+        "--tokens",
+        type=Path,
+        metavar="FILE",
+        help="read the ids from a --save-tokens FILE instead of tokenising (no MeCab needed)",
+    )
     return ap
 
 
 def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for flag, value, low in (("--seq-len", args.seq_len, 8), ("--steps", args.steps, 1),
-                             ("--warmup", args.warmup, 0), ("--vocab-size", args.vocab_size, 2)):
+    for flag, value, low in (
+        ("--seq-len", args.seq_len, 8),
+        ("--steps", args.steps, 1),
+        ("--warmup", args.warmup, 0),
+        ("--vocab-size", args.vocab_size, 2),
+    ):
         if value < low:
             ap.error(f"{flag} must be at least {low}, got {value}")
 
@@ -167,8 +202,12 @@ def token_batches(seq_len: int) -> tuple[list[list[int]], list[list[int]], list[
     """The sample reviews, tokenised and padded to seq_len: (input_ids, attention_mask, labels)."""
     from finetune_runtime.tokenization import load_tokenizer
 
-    rows = [json.loads(line) for f in ("train.jsonl", "validation.jsonl")
-            for line in (DATA / f).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for f in ("train.jsonl", "validation.jsonl")
+        for line in (DATA / f).read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
     rows = [r for r in rows if r["stars"] != 3]
     tok = load_tokenizer(str(TOKENIZER))
     enc = tok([r["review_body"] for r in rows], truncation=True, max_length=seq_len, padding="max_length")
@@ -185,8 +224,10 @@ def load_tokens(path: Path, seq_len: int) -> tuple[list[list[int]], list[list[in
     """The ids a --save-tokens run wrote; refused (ValueError naming the fix) if made at another length."""
     doc = json.loads(path.read_text(encoding="utf-8"))
     if doc.get("seqLen") != seq_len:
-        raise ValueError(f"--tokens {path} was written at --seq-len {doc.get('seqLen')}, not {seq_len}: "
-                         f"pass --seq-len {doc.get('seqLen')} or write it again with --save-tokens")
+        raise ValueError(
+            f"--tokens {path} was written at --seq-len {doc.get('seqLen')}, not {seq_len}: "
+            f"pass --seq-len {doc.get('seqLen')} or write it again with --save-tokens"
+        )
     return doc["inputIds"], doc["attentionMask"], doc["labels"]
 
 
@@ -195,9 +236,15 @@ def measure(args: argparse.Namespace, shape: ModelShape, batch: int, data: Any) 
     from transformers import BertConfig, BertForSequenceClassification
 
     device = torch.device(args.device)
-    config = BertConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
-                        num_attention_heads=shape.heads, intermediate_size=shape.ffn,
-                        max_position_embeddings=max(512, args.seq_len), num_labels=2)
+    config = BertConfig(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        intermediate_size=shape.ffn,
+        max_position_embeddings=max(512, args.seq_len),
+        num_labels=2,
+    )
     torch.manual_seed(0)
     model = BertForSequenceClassification(config).to(device).train()
     forward = torch.compile(model, dynamic=False) if args.compile else model  # one static graph per batch size
@@ -234,9 +281,13 @@ def measure(args: argparse.Namespace, shape: ModelShape, batch: int, data: Any) 
     except torch.OutOfMemoryError:
         return {"batchSize": batch, "error": "out of memory"}
     mem = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None
-    return {"batchSize": batch, "samplesPerSecond": round(batch * args.steps / secs, 1),
-            "stepMilliseconds": round(secs / args.steps * 1e3, 2), "warmupSeconds": round(warm_secs, 2),
-            "peakMemoryGiB": round(mem, 2) if mem is not None else None}
+    return {
+        "batchSize": batch,
+        "samplesPerSecond": round(batch * args.steps / secs, 1),
+        "stepMilliseconds": round(secs / args.steps * 1e3, 2),
+        "warmupSeconds": round(warm_secs, 2),
+        "peakMemoryGiB": round(mem, 2) if mem is not None else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,18 +334,29 @@ def main(argv: list[str] | None = None) -> int:
         if "samplesPerSecond" in row:
             sps = row["samplesPerSecond"]
             u = mfu(sps, flops, peak)
-            row |= {"achievedTflops": round(sps * flops / 1e12, 3), "mfu": round(u, 4) if u is not None else None,
-                    **{f"x {k}": round(sps / v, 2) for k, v in TRAINIUM_REFERENCE.items()}}
+            row |= {
+                "achievedTflops": round(sps * flops / 1e12, 3),
+                "mfu": round(u, 4) if u is not None else None,
+                **{f"x {k}": round(sps / v, 2) for k, v in TRAINIUM_REFERENCE.items()},
+            }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    doc = {"device": device_name, "precision": args.precision, "compile": args.compile, "seqLen": args.seq_len,
-           "model": asdict(shape),
-           "flopsPerSample": flops, "flopsFormula": "6*S*N + 12*L*H*S^2, N = L*(4*H^2 + 2*H*F)",
-           "peakFlops": peak, "peakSource": peak_source, "trainiumReference": TRAINIUM_REFERENCE,
-           "seconds": round(time.monotonic() - started, 1), "results": rows}
+    doc = {
+        "device": device_name,
+        "precision": args.precision,
+        "compile": args.compile,
+        "seqLen": args.seq_len,
+        "model": asdict(shape),
+        "flopsPerSample": flops,
+        "flopsFormula": "6*S*N + 12*L*H*S^2, N = L*(4*H^2 + 2*H*F)",
+        "peakFlops": peak,
+        "peakSource": peak_source,
+        "trainiumReference": TRAINIUM_REFERENCE,
+        "seconds": round(time.monotonic() - started, 1),
+        "results": rows,
+    }
     mode = f"{args.precision}{', torch.compile' if args.compile else ''}"
-    print(f"\n{device_name}, {mode}, seq {args.seq_len}, {flops / 1e9:.1f} GFLOPs/sample; "
-          f"peak: {peak_source}")
+    print(f"\n{device_name}, {mode}, seq {args.seq_len}, {flops / 1e9:.1f} GFLOPs/sample; peak: {peak_source}")
     print("| batch | samples/s | step ms | TFLOP/s | MFU | vs trn1 fp32 (68) | vs trn1 bf16 x2 (149) | peak GiB |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -302,9 +364,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {r['batchSize']} | {r['error']} | | | | | | |")
             continue
         u = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
-        print(f"| {r['batchSize']} | {r['samplesPerSecond']} | {r['stepMilliseconds']} | {r['achievedTflops']} "
-              f"| {u} | {r['x trn1 fp32, 1 NeuronCore']}x | {r['x trn1 bf16, 2 NeuronCores']}x "
-              f"| {r['peakMemoryGiB'] if r['peakMemoryGiB'] is not None else '-'} |")
+        print(
+            f"| {r['batchSize']} | {r['samplesPerSecond']} | {r['stepMilliseconds']} | {r['achievedTflops']} "
+            f"| {u} | {r['x trn1 fp32, 1 NeuronCore']}x | {r['x trn1 bf16, 2 NeuronCores']}x "
+            f"| {r['peakMemoryGiB'] if r['peakMemoryGiB'] is not None else '-'} |"
+        )
     write_json(args.json, doc)
     return 0
 

@@ -98,14 +98,23 @@ def job_manifest(name: str, namespace: str, ranks: int = PODS_PER_JOB) -> dict[s
 def pytorchjob_manifest(name: str, namespace: str, ranks: int = PODS_PER_JOB) -> dict[str, Any]:
     """The peer's equivalent of job_manifest: a PyTorchJob with one Master and ranks - 1 Workers, the same
     requests; it makes one pod and one Service per rank. Nothing runs (no kubelet), so the image is a name."""
+
     def replicas(n: int) -> dict[str, Any]:
-        container = {"name": "pytorch", "image": "finetune-operator/bench-peer:none", "command": ["torchrun"],
-                     "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}  # fmt: skip
+        container = {
+            "name": "pytorch",
+            "image": "finetune-operator/bench-peer:none",
+            "command": ["torchrun"],
+            "resources": {"requests": {"cpu": "4", "memory": "8Gi"}},
+        }
         return {"replicas": n, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container]}}}
 
     specs = {"Master": replicas(1), **({"Worker": replicas(ranks - 1)} if ranks > 1 else {})}
-    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"pytorchReplicaSpecs": specs}}  # fmt: skip
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"pytorchReplicaSpecs": specs},
+    }
 
 
 @dataclass(frozen=True)
@@ -123,10 +132,26 @@ class System:
     services_per_job: Callable[[int], int]
 
 
-OURS = System("ours", "finetune.dev", "v1alpha1", "finetunejobs", job_manifest, "finetune.dev/job-name",
-              OPERATOR_USER, lambda ranks: 1)  # fmt: skip
-PEER = System("peer", "kubeflow.org", "v1", "pytorchjobs", pytorchjob_manifest, "training.kubeflow.org/job-name",
-              PEER_USER, lambda ranks: ranks)  # fmt: skip
+OURS = System(
+    "ours",
+    "finetune.dev",
+    "v1alpha1",
+    "finetunejobs",
+    job_manifest,
+    "finetune.dev/job-name",
+    OPERATOR_USER,
+    lambda ranks: 1,
+)
+PEER = System(
+    "peer",
+    "kubeflow.org",
+    "v1",
+    "pytorchjobs",
+    pytorchjob_manifest,
+    "training.kubeflow.org/job-name",
+    PEER_USER,
+    lambda ranks: ranks,
+)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -140,8 +165,9 @@ def bench_cluster(directory: Path, apiserver_flags: list[str]) -> LocalCluster:
     return LocalCluster(directory, [Etcd(), KubeApiserver(apiserver_flags), KubeControllerManager(), KubeScheduler()])
 
 
-def settle(pid: int, busy: float = 0.05, window: float = 1.0, timeout: float = 60.0,
-           cpu: Callable[[], float] | None = None) -> None:
+def settle(
+    pid: int, busy: float = 0.05, window: float = 1.0, timeout: float = 60.0, cpu: Callable[[], float] | None = None
+) -> None:
     """Wait until process `pid` (or what `cpu` counts) uses under `busy` of a CPU over `window` seconds (a fresh
     operator finishes its start-up work after it reports healthy; a fresh API server builds its OpenAPI for
     minutes), so that neither start-up nor clean-up lands in a measurement."""
@@ -175,11 +201,13 @@ class Arrivals:
             threading.Thread(target=self._read, args=(plural, resp), daemon=True).start()
 
     def _open(self, api: client.ApiClient, ns: str, plural: str) -> Any:
-        req = api.param_serialize(method="GET", resource_path=f"/api/v1/namespaces/{ns}/{plural}",
-                                  query_params=[("watch", "true"), ("labelSelector", self.label),
-                                                ("timeoutSeconds", "3600")],
-                                  header_params={"Accept": METADATA_ONLY},
-                                  auth_settings=["BearerToken"])  # fmt: skip
+        req = api.param_serialize(
+            method="GET",
+            resource_path=f"/api/v1/namespaces/{ns}/{plural}",
+            query_params=[("watch", "true"), ("labelSelector", self.label), ("timeoutSeconds", "3600")],
+            header_params={"Accept": METADATA_ONLY},
+            auth_settings=["BearerToken"],
+        )
         return api.call_api(*req).response  # the answer's headers are in: the watch is registered
 
     def _read(self, plural: str, resp: Any) -> None:
@@ -232,12 +260,32 @@ class BenchNode(NodeLogs):
     def __init__(self, api: client.ApiClient, pki: Path) -> None:
         super().__init__(api, pki, NODE)
         room = {"cpu": "100k", "memory": "100Pi", "pods": "100k"}
-        self.core.patch_node_status(NODE, {"status": {"capacity": room, "allocatable": room, "conditions": [
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "benchmark node",
-             "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}})  # fmt: skip
+        self.core.patch_node_status(
+            NODE,
+            {
+                "status": {
+                    "capacity": room,
+                    "allocatable": room,
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "KubeletReady",
+                            "message": "benchmark node",
+                            "lastHeartbeatTime": _now(),
+                            "lastTransitionTime": _now(),
+                        }
+                    ],
+                }
+            },
+        )
         self.api = api
-        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": NODE},
-                 "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40, "renewTime": _now(micro=True)}}
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": NODE},
+            "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40, "renewTime": _now(micro=True)},
+        }
         _request(api, "POST", LEASES, lease)  # plain JSON: the generated model reformats MicroTime wrongly
         self.stopping = threading.Event()
         self.heart = threading.Thread(target=self._beat, daemon=True)
@@ -286,15 +334,19 @@ class Bench:
 
     def control_plane_cpu(self) -> float:
         """CPU seconds used so far by the API server and etcd: what the writes cost on the server side."""
-        return sum(procstat.usage(c.process.pid).cpu_seconds for c in self.cluster.components
-                   if isinstance(c, KubeApiserver | Etcd) and c.process is not None)  # fmt: skip
+        return sum(
+            procstat.usage(c.process.pid).cpu_seconds
+            for c in self.cluster.components
+            if isinstance(c, KubeApiserver | Etcd) and c.process is not None
+        )
 
     def install(self) -> Path:
         install_crd(self.kubectl, wait_for)
         self.kubectl("apply", "-f", str(ROOT / "manifests" / "rbac" / "rbac.yaml"))
         for role in ("finetune-operator", "finetune-operator-cluster"):
-            self.kubectl("create", "clusterrolebinding", f"bench-{role}", f"--clusterrole={role}",
-                         f"--user={OPERATOR_USER}")  # fmt: skip
+            self.kubectl(
+                "create", "clusterrolebinding", f"bench-{role}", f"--clusterrole={role}", f"--user={OPERATOR_USER}"
+            )
         assert self.cluster.ctx is not None
         return self.cluster.ctx.write_kubeconfig("bench-operator", OPERATOR_USER)
 
@@ -313,15 +365,30 @@ class Bench:
         scheduler leaves every pod Pending ("persistentvolumeclaim not found") and each job reports it."""
         for claim in CLAIMS:
             volume = f"{ns}-{claim}"
-            self.core.create_persistent_volume({
-                "metadata": {"name": volume},
-                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                         "hostPath": {"path": f"/tmp/ftjob-bench-volumes/{volume}"},
-                         "claimRef": {"namespace": ns, "name": claim}}})  # fmt: skip
-            self.core.create_namespaced_persistent_volume_claim(ns, {
-                "metadata": {"name": claim},
-                "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
-                         "resources": {"requests": {"storage": "1Gi"}}}})  # fmt: skip
+            self.core.create_persistent_volume(
+                {
+                    "metadata": {"name": volume},
+                    "spec": {
+                        "capacity": {"storage": "1Gi"},
+                        "accessModes": ["ReadWriteMany"],
+                        "storageClassName": "",
+                        "hostPath": {"path": f"/tmp/ftjob-bench-volumes/{volume}"},
+                        "claimRef": {"namespace": ns, "name": claim},
+                    },
+                }
+            )
+            self.core.create_namespaced_persistent_volume_claim(
+                ns,
+                {
+                    "metadata": {"name": claim},
+                    "spec": {
+                        "accessModes": ["ReadWriteMany"],
+                        "storageClassName": "",
+                        "volumeName": volume,
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    },
+                },
+            )
 
         def bound() -> bool:
             return all(c.status.phase == "Bound" for c in self.core.list_namespaced_persistent_volume_claim(ns).items)
@@ -351,14 +418,21 @@ class Bench:
             with ThreadPoolExecutor(RAW_THREADS) as pool:
                 list(pool.map(kube.create, objs))
             seconds = time.monotonic() - start
-            done = arrivals.wait_complete([f"raw-{i}" for i in range(jobs)], ranks, OURS.services_per_job(ranks),
-                                          120, "raw")
+            done = arrivals.wait_complete(
+                [f"raw-{i}" for i in range(jobs)], ranks, OURS.services_per_job(ranks), 120, "raw"
+            )
         finally:
             arrivals.close()
         watched = max(done.values()) - start
-        return {"objects": len(objs), "seconds": round(seconds, 3), "watchedSeconds": round(watched, 3),
-                "objectsPerSecond": round(len(objs) / seconds, 1), "threads": RAW_THREADS, "perJob": len(objs) / jobs,
-                "controlPlaneCpuSeconds": round(self.control_plane_cpu() - cpu, 2)}  # fmt: skip
+        return {
+            "objects": len(objs),
+            "seconds": round(seconds, 3),
+            "watchedSeconds": round(watched, 3),
+            "objectsPerSecond": round(len(objs) / seconds, 1),
+            "threads": RAW_THREADS,
+            "perJob": len(objs) / jobs,
+            "controlPlaneCpuSeconds": round(self.control_plane_cpu() - cpu, 2),
+        }
 
     # --- 2. an operator: ours or the peer, one code path -------------------------------------------------------
     def measure(self, system: System, ns: str, jobs: int, ranks: int = PODS_PER_JOB) -> dict[str, Any]:
@@ -382,8 +456,9 @@ class Bench:
                 list(pool.map(create, range(jobs)))
             create_seconds = time.monotonic() - start
             # The times are the watch events' arrivals.
-            done = arrivals.wait_complete(list(created), ranks, system.services_per_job(ranks),
-                                          max(120, jobs * 3, ranks * 3), system.name)
+            done = arrivals.wait_complete(
+                list(created), ranks, system.services_per_job(ranks), max(120, jobs * 3, ranks * 3), system.name
+            )
         finally:
             arrivals.close()
         cpu = self.control_plane_cpu() - cpu
@@ -395,11 +470,14 @@ class Bench:
             "controlPlaneCpuSeconds": round(cpu, 2),
             "createSeconds": round(create_seconds, 3),
             "makespanSeconds": round(max(done.values()) - start, 3),
-            "latencySeconds": {"p50": round(statistics.median(latencies), 3),
-                               "p95": round(percentile(latencies, 0.95), 3), "max": round(max(latencies), 3)},
+            "latencySeconds": {
+                "p50": round(statistics.median(latencies), 3),
+                "p95": round(percentile(latencies, 0.95), 3),
+                "max": round(max(latencies), 3),
+            },
             "requests": dict(sorted(used.items())),
             "requestsPerJob": round(sum(used.values()) / jobs, 1),
-        }  # fmt: skip
+        }
 
     def delete_all(self, system: System, ns: str, timeout: float = 600.0) -> None:
         """Delete every job of `system` in `ns` and wait until the garbage collector has removed its pods. The
@@ -411,13 +489,24 @@ class Bench:
             pods = self.core.list_namespaced_pod(ns, label_selector=system.job_label).items
             if any(p.metadata.deletion_timestamp for p in pods):
                 self.core.delete_collection_namespaced_pod(ns, label_selector=system.job_label, grace_period_seconds=0)
-            return not pods and not (
-                self.custom.list_namespaced_custom_object(system.group, system.version, ns, system.plural)["items"])
+            return (
+                not pods
+                and not (
+                    self.custom.list_namespaced_custom_object(system.group, system.version, ns, system.plural)["items"]
+                )
+            )
 
         wait_for(gone, timeout=timeout, interval=1.0, message=f"{system.name}'s jobs and pods in {ns} deleted")
 
-    def session(self, system: System, pid: int, ns_prefix: str, jobs: int, wide: int,
-                steady: Callable[[str, int], dict[str, Any]] | None = None) -> dict[str, Any]:
+    def session(
+        self,
+        system: System,
+        pid: int,
+        ns_prefix: str,
+        jobs: int,
+        wide: int,
+        steady: Callable[[str, int], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         """One turn of a running operator (process `pid`): one job created and deleted (the operator's first
         job loads modules and makes its client: RSS "warm"), N jobs x 2 ranks, 1 job x `wide` ranks, optionally
         the steady state of the N jobs training, then every job deleted. CPU is counted from the first
@@ -466,8 +555,12 @@ class Bench:
             self.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
             self.core.delete_namespace(ns)
         for ns in (f"{ns_prefix}-narrow", f"{ns_prefix}-wide"):
-            wait_for(lambda ns=ns: ns not in {n.metadata.name for n in self.core.list_namespace().items},
-                     timeout=600, interval=1.0, message=f"namespace {ns} deleted")  # fmt: skip
+            wait_for(
+                lambda ns=ns: ns not in {n.metadata.name for n in self.core.list_namespace().items},
+                timeout=600,
+                interval=1.0,
+                message=f"namespace {ns} deleted",
+            )
         return out
 
     # --- 3. steady state -------------------------------------------------------------------------------------
@@ -510,21 +603,33 @@ class Bench:
             stop.set()
             writer.join()
         total = sum(used.values())
-        return {"jobs": jobs, "windowSeconds": window, "logLineEverySeconds": log_every,
-                "requests": dict(sorted(used.items())), "requestsPerSecond": round(total / window, 2),
-                "requestsPerJobPerMinute": round(total / window * 60 / jobs, 2)}  # fmt: skip
+        return {
+            "jobs": jobs,
+            "windowSeconds": window,
+            "logLineEverySeconds": log_every,
+            "requests": dict(sorted(used.items())),
+            "requestsPerSecond": round(total / window, 2),
+            "requestsPerJobPerMinute": round(total / window * 60 / jobs, 2),
+        }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=50, help="jobs of 2 ranks created at once")
     ap.add_argument("--wide", type=int, default=64, help="ranks of the one wide job")
-    ap.add_argument("--window", type=float, default=120.0,
-                    help="seconds of steady-state measurement (our operator, without --peer; 0: none)")
+    ap.add_argument(
+        "--window",
+        type=float,
+        default=120.0,
+        help="seconds of steady-state measurement (our operator, without --peer; 0: none)",
+    )
     ap.add_argument("--log-every", type=float, default=5.0, help="seconds between progress lines in every log")
     ap.add_argument("--json", type=Path, help="write the results here as JSON")
-    ap.add_argument("--keep-work", action="store_true",
-                    help="keep the scratch folder (operator logs, etcd data, audit log) after a successful run")
+    ap.add_argument(
+        "--keep-work",
+        action="store_true",
+        help="keep the scratch folder (operator logs, etcd data, audit log) after a successful run",
+    )
     peer = ap.add_argument_group("raw, ours and the Kubeflow peer, interleaved (make bench-peer)")
     peer.add_argument("--peer", action="store_true", help="measure raw, ours and the peer (no steady state)")
     peer.add_argument("--rounds", type=int, default=1, help="interleaved rounds (the order rotates each round)")
@@ -563,10 +668,18 @@ def run(args: argparse.Namespace, work: Path) -> int:
     policy = work / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(policy_for_user(OPERATOR_USER, PEER_USER)))
     audit_log = work / "audit.log"
-    cluster = bench_cluster(work / "cluster", [f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}",
-                                               "--audit-log-format=json", "--audit-log-mode=blocking"])  # fmt: skip
-    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                           "platform": platform.platform()}}  # fmt: skip
+    cluster = bench_cluster(
+        work / "cluster",
+        [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+        ],
+    )
+    results: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    }
     with cluster:
         bench = Bench(cluster, audit_log, work)
         operator_kubeconfig = bench.install()
@@ -598,8 +711,9 @@ def running(bench: Bench, system: str, operator_kubeconfig: Path, work: Path, ta
         yield peer.pid
 
 
-def turns(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path, work: Path,
-          node: BenchNode) -> dict[str, Any]:
+def turns(
+    bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path, work: Path, node: BenchNode
+) -> dict[str, Any]:
     """Every system's turn, interleaved over the rounds; our operator's turn includes the steady state when
     `--window` is set."""
     if "peer" in args.systems:
@@ -607,12 +721,18 @@ def turns(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path, wor
 
         bins.ensure_binary("training-operator")  # a first build (minutes) before any clock starts
         PeerProcess(bench.cluster.kubeconfig, work).install()  # its CRD, before any turn
-        bench.kubectl("create", "clusterrolebinding", "bench-peer-admin", "--clusterrole=cluster-admin",
-                      f"--user={PEER_USER}")  # fmt: skip
-    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "jobs": args.jobs, "wideRanks": args.wide,
-                           "kubernetes": bins.K8S_VERSION,
-                           "peerVersion": bins.PEER_VERSION, "loadBefore": round(os.getloadavg()[0], 1),
-                           "rounds": []}  # fmt: skip
+        bench.kubectl(
+            "create", "clusterrolebinding", "bench-peer-admin", "--clusterrole=cluster-admin", f"--user={PEER_USER}"
+        )
+    out: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "jobs": args.jobs,
+        "wideRanks": args.wide,
+        "kubernetes": bins.K8S_VERSION,
+        "peerVersion": bins.PEER_VERSION,
+        "loadBefore": round(os.getloadavg()[0], 1),
+        "rounds": [],
+    }
     for r in range(args.rounds):
         this: dict[str, Any] = {"order": turn_order(args.systems, r)}
         for system in this["order"]:
@@ -623,11 +743,14 @@ def turns(bench: Bench, args: argparse.Namespace, operator_kubeconfig: Path, wor
             else:
                 steady = None
                 if system == "ours" and args.window:
+
                     def steady(ns: str, jobs: int) -> dict[str, Any]:
                         return bench.steady(node, ns, jobs, args.window, args.log_every)
+
                 with running(bench, system, operator_kubeconfig, work, f"{r}") as pid:
-                    this[system] = bench.session(OURS if system == "ours" else PEER, pid, prefix, args.jobs,
-                                                 args.wide, steady)  # fmt: skip
+                    this[system] = bench.session(
+                        OURS if system == "ours" else PEER, pid, prefix, args.jobs, args.wide, steady
+                    )
             this[system]["loadAfter"] = round(os.getloadavg()[0], 1)  # other work on the machine shows here
             print(f"round {r} {system}: {json.dumps(this[system])}", flush=True)
             if args.json:  # what is done so far survives a later failure

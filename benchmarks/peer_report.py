@@ -50,39 +50,91 @@ def table(results: dict[str, Any]) -> str:
     jobs, wide = results["jobs"], results["wideRanks"]
     rows: list[tuple[str, Getter, Getter | None, str]] = [
         # (label, value of ours and of the peer, value of raw or None, format)
-        (f"{jobs} jobs × 2 ranks: makespan to every pod and Service (raw: seen by the same watch)",
-         lambda s: s["narrow"]["makespanSeconds"], lambda r: r["narrow"].get("watchedSeconds"), "{:.2f} s"),
-        (f"{jobs} jobs × 2 ranks: makespan (raw: until its last create returned)",
-         lambda s: s["narrow"]["makespanSeconds"], lambda r: r["narrow"]["seconds"], "{:.2f} s"),
-        (f"{jobs} jobs: API server + etcd CPU until then", lambda s: s["narrow"].get("controlPlaneCpuSeconds"),
-         lambda r: r["narrow"].get("controlPlaneCpuSeconds"), "{:.1f} s"),
+        (
+            f"{jobs} jobs × 2 ranks: makespan to every pod and Service (raw: seen by the same watch)",
+            lambda s: s["narrow"]["makespanSeconds"],
+            lambda r: r["narrow"].get("watchedSeconds"),
+            "{:.2f} s",
+        ),
+        (
+            f"{jobs} jobs × 2 ranks: makespan (raw: until its last create returned)",
+            lambda s: s["narrow"]["makespanSeconds"],
+            lambda r: r["narrow"]["seconds"],
+            "{:.2f} s",
+        ),
+        (
+            f"{jobs} jobs: API server + etcd CPU until then",
+            lambda s: s["narrow"].get("controlPlaneCpuSeconds"),
+            lambda r: r["narrow"].get("controlPlaneCpuSeconds"),
+            "{:.1f} s",
+        ),
         (f"{jobs} jobs: per-job latency p50", lambda s: s["narrow"]["latencySeconds"]["p50"], None, "{:.2f} s"),
         (f"{jobs} jobs: per-job latency p95", lambda s: s["narrow"]["latencySeconds"]["p95"], None, "{:.2f} s"),
         (f"{jobs} jobs: per-job latency max", lambda s: s["narrow"]["latencySeconds"]["max"], None, "{:.2f} s"),
-        (f"1 job × {wide} ranks: every child (raw: seen by the same watch)", lambda s: s["wide"]["makespanSeconds"],
-         lambda r: r["wide"].get("watchedSeconds"), "{:.2f} s"),
-        (f"1 job × {wide} ranks: every child (raw: until its last create returned)",
-         lambda s: s["wide"]["makespanSeconds"], lambda r: r["wide"]["seconds"], "{:.2f} s"),
-        ("operator CPU per 2-rank job (until its children exist)", lambda s: s["narrow"]["cpuMsPerJob"], None,
-         "{:.0f} ms"),
+        (
+            f"1 job × {wide} ranks: every child (raw: seen by the same watch)",
+            lambda s: s["wide"]["makespanSeconds"],
+            lambda r: r["wide"].get("watchedSeconds"),
+            "{:.2f} s",
+        ),
+        (
+            f"1 job × {wide} ranks: every child (raw: until its last create returned)",
+            lambda s: s["wide"]["makespanSeconds"],
+            lambda r: r["wide"]["seconds"],
+            "{:.2f} s",
+        ),
+        (
+            "operator CPU per 2-rank job (until its children exist)",
+            lambda s: s["narrow"]["cpuMsPerJob"],
+            None,
+            "{:.0f} ms",
+        ),
         ("operator RSS at rest", lambda s: s["rssAtRestMiB"], None, "{:.0f} MiB"),
-        ("operator RSS warm (one job made and deleted: modules, client, pools)", lambda s: s.get("rssWarmMiB"),
-         None, "{:.0f} MiB"),
+        (
+            "operator RSS warm (one job made and deleted: modules, client, pools)",
+            lambda s: s.get("rssWarmMiB"),
+            None,
+            "{:.0f} MiB",
+        ),
         (f"operator RSS peak (start + the {jobs}-job run)", lambda s: s["rssPeakMiB"], None, "{:.0f} MiB"),
-        (f"operator RSS with the {jobs} jobs Running, after the steady window", lambda s: s.get("rssSteadyMiB"),
-         None, "{:.0f} MiB"),
+        (
+            f"operator RSS with the {jobs} jobs Running, after the steady window",
+            lambda s: s.get("rssSteadyMiB"),
+            None,
+            "{:.0f} MiB",
+        ),
         ("operator RSS after every job is deleted", lambda s: s["rssAfterDeleteMiB"], None, "{:.0f} MiB"),
-        (f"operator RSS after a second wave of {jobs} jobs, made and deleted", lambda s: s.get("rssAfterSecondWaveMiB"),
-         None, "{:.0f} MiB"),
-        ("API requests per job until its children exist, 2 ranks", lambda s: s["narrow"]["requestsPerJob"],
-         lambda r: r["narrow"]["perJob"], "{:.1f}"),
-        (f"API requests per job until its children exist, {wide} ranks", lambda s: s["wide"]["requestsPerJob"],
-         lambda r: r["wide"]["perJob"], "{:.0f}"),
-        (f"steady, {jobs} jobs training (every log changing): requests per job per minute",
-         lambda s: (s.get("steady") or {}).get("requestsPerJobPerMinute"), None, "{:.2f}"),
-        (f"steady, {jobs} jobs training: the operator's requests per second",
-         lambda s: (s.get("steady") or {}).get("requestsPerSecond"), None, "{:.2f}"),
-    ]  # fmt: skip
+        (
+            f"operator RSS after a second wave of {jobs} jobs, made and deleted",
+            lambda s: s.get("rssAfterSecondWaveMiB"),
+            None,
+            "{:.0f} MiB",
+        ),
+        (
+            "API requests per job until its children exist, 2 ranks",
+            lambda s: s["narrow"]["requestsPerJob"],
+            lambda r: r["narrow"]["perJob"],
+            "{:.1f}",
+        ),
+        (
+            f"API requests per job until its children exist, {wide} ranks",
+            lambda s: s["wide"]["requestsPerJob"],
+            lambda r: r["wide"]["perJob"],
+            "{:.0f}",
+        ),
+        (
+            f"steady, {jobs} jobs training (every log changing): requests per job per minute",
+            lambda s: (s.get("steady") or {}).get("requestsPerJobPerMinute"),
+            None,
+            "{:.2f}",
+        ),
+        (
+            f"steady, {jobs} jobs training: the operator's requests per second",
+            lambda s: (s.get("steady") or {}).get("requestsPerSecond"),
+            None,
+            "{:.2f}",
+        ),
+    ]
     out = ["| workload | ours | peer | raw | ours:raw | ours:peer |", "|---|---|---|---|---|---|"]
     for label, get, get_raw, fmt in rows:
         ours = _median(rounds, "ours", get)
@@ -91,15 +143,24 @@ def table(results: dict[str, Any]) -> str:
         raw_cell = _spread(rounds, "raw", get_raw, fmt) if get_raw else "–"
         if ours is None and peer is None and raw is None:
             continue  # not measured in this run (the steady state: our operator only, without --peer)
-        cells = [_spread(rounds, "ours", get, fmt), _spread(rounds, "peer", get, fmt), raw_cell,
-                 ratio(ours, raw), ratio(ours, peer)]  # fmt: skip
+        cells = [
+            _spread(rounds, "ours", get, fmt),
+            _spread(rounds, "peer", get, fmt),
+            raw_cell,
+            ratio(ours, raw),
+            ratio(ours, peer),
+        ]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
 def _loads(results: dict[str, Any]) -> str:
-    loads = [turn["loadAfter"] for rnd in results["rounds"] for turn in rnd.values()
-             if isinstance(turn, dict) and "loadAfter" in turn]  # fmt: skip
+    loads = [
+        turn["loadAfter"]
+        for rnd in results["rounds"]
+        for turn in rnd.values()
+        if isinstance(turn, dict) and "loadAfter" in turn
+    ]
     return f" and {min(loads)}–{max(loads)} after the turns" if loads else ""
 
 

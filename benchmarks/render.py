@@ -37,8 +37,12 @@ def measure(path: Path, seconds: float) -> dict[str, Any]:
     while (elapsed := time.perf_counter() - start) < seconds:
         render_once(raw, keys)
         n += 1
-    return {"sample": path.stem, "objects": objects, "rendersPerSecond": round(n / elapsed, 1),
-            "microsecondsPerRender": round(elapsed / n * 1e6, 1)}  # fmt: skip
+    return {
+        "sample": path.stem,
+        "objects": objects,
+        "rendersPerSecond": round(n / elapsed, 1),
+        "microsecondsPerRender": round(elapsed / n * 1e6, 1),
+    }
 
 
 def main() -> int:

@@ -59,10 +59,20 @@ def children(ns: str) -> dict[str, dict[str, Any]]:
 
 
 def event(ns: str, i: int) -> dict[str, Any]:
-    return {"metadata": {"name": f"cost.{i}", "namespace": ns}, "type": "Normal", "reason": "Created",
-            "message": "created the job's children", "source": {"component": "finetune-operator"},
-            "involvedObject": {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "name": f"job-{i}",
-                               "namespace": ns}, "count": 1}  # fmt: skip
+    return {
+        "metadata": {"name": f"cost.{i}", "namespace": ns},
+        "type": "Normal",
+        "reason": "Created",
+        "message": "created the job's children",
+        "source": {"component": "finetune-operator"},
+        "involvedObject": {
+            "apiVersion": "finetune.dev/v1alpha1",
+            "kind": "FineTuneJob",
+            "name": f"job-{i}",
+            "namespace": ns,
+        },
+        "count": 1,
+    }
 
 
 def _strip_rules(node: Any) -> None:
@@ -100,20 +110,23 @@ def timed(bench: Bench, n: int, call: Callable[[int], None]) -> dict[str, float]
     cpu, start = bench.control_plane_cpu(), time.monotonic()
     for i in range(n):
         call(i)
-    return {"cpuMs": round((bench.control_plane_cpu() - cpu) * 1000 / n, 2),
-            "wallMs": round((time.monotonic() - start) * 1000 / n, 2)}  # fmt: skip
+    return {
+        "cpuMs": round((bench.control_plane_cpu() - cpu) * 1000 / n, 2),
+        "wallMs": round((time.monotonic() - start) * 1000 / n, 2),
+    }
 
 
 def job_writes(bench: Bench, ns: str, n: int) -> dict[str, float]:
     """CPU per FineTuneJob create and per status patch, n of each, in `ns`."""
     jobs = f"/apis/finetune.dev/v1alpha1/namespaces/{ns}/finetunejobs"
     return {
-        "FineTuneJob create": timed(bench, n, lambda i: _request(bench.writer, "POST", jobs,
-                                                                 job_manifest(f"job-{i}", ns)))["cpuMs"],
-        "FineTuneJob status patch": timed(bench, n, lambda i: _request(bench.writer, "PATCH",
-                                                                       f"{jobs}/job-{i}/status",
-                                                                       status_patch()))["cpuMs"],
-    }  # fmt: skip
+        "FineTuneJob create": timed(
+            bench, n, lambda i: _request(bench.writer, "POST", jobs, job_manifest(f"job-{i}", ns))
+        )["cpuMs"],
+        "FineTuneJob status patch": timed(
+            bench, n, lambda i: _request(bench.writer, "PATCH", f"{jobs}/job-{i}/status", status_patch())
+        )["cpuMs"],
+    }
 
 
 def served_variant(bench: Bench, ns: str) -> str:
@@ -140,8 +153,11 @@ def variants(bench: Bench, n: int) -> dict[str, dict[str, float]]:
         ns = bench.namespace(f"crd-{k}")
         bench.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd_variant(variant)))
         # The API server swaps in the new schema and validators a moment after the CRD is written.
-        wait_for(lambda ns=ns, variant=variant: served_variant(bench, ns) == variant, timeout=60,
-                 message=f"the API server validating with the {variant} CRD")  # fmt: skip
+        wait_for(
+            lambda ns=ns, variant=variant: served_variant(bench, ns) == variant,
+            timeout=60,
+            message=f"the API server validating with the {variant} CRD",
+        )
         out[variant] = job_writes(bench, ns, n)
         print(f"CRD {variant}: {out[variant]}", flush=True)
     return out
@@ -173,27 +189,40 @@ def run(args: argparse.Namespace, work: Path) -> int:
             return {**obj, "metadata": {**obj["metadata"], "name": f"{obj['metadata']['name']}-{i}"}}
 
         kinds: dict[str, Callable[[int], None]] = {
-            "Service create": lambda i: _request(bench.writer, "POST", f"/api/v1/namespaces/{ns}/services",
-                                                 renamed(kids["Service"], i)),
-            "ConfigMap create": lambda i: _request(bench.writer, "POST", f"/api/v1/namespaces/{ns}/configmaps",
-                                                   renamed(kids["ConfigMap"], i)),
-            "Pod create": lambda i: _request(bench.writer, "POST", f"/api/v1/namespaces/{ns}/pods",
-                                             renamed(kids["Pod"], i)),
+            "Service create": lambda i: _request(
+                bench.writer, "POST", f"/api/v1/namespaces/{ns}/services", renamed(kids["Service"], i)
+            ),
+            "ConfigMap create": lambda i: _request(
+                bench.writer, "POST", f"/api/v1/namespaces/{ns}/configmaps", renamed(kids["ConfigMap"], i)
+            ),
+            "Pod create": lambda i: _request(
+                bench.writer, "POST", f"/api/v1/namespaces/{ns}/pods", renamed(kids["Pod"], i)
+            ),
             "Event create": lambda i: _request(bench.writer, "POST", f"/api/v1/namespaces/{ns}/events", event(ns, i)),
             "FineTuneJob create": lambda i: _request(bench.writer, "POST", jobs, job_manifest(f"job-{i}", ns)),
-            "FineTuneJob status patch": lambda i: _request(bench.writer, "PATCH", f"{jobs}/job-{i}/status",
-                                                           status_patch()),
-        }  # fmt: skip
+            "FineTuneJob status patch": lambda i: _request(
+                bench.writer, "PATCH", f"{jobs}/job-{i}/status", status_patch()
+            ),
+        }
         for kind, call in kinds.items():
             per[kind] = timed(bench, n, call)
             print(f"{kind}: {per[kind]}", flush=True)
         crds = {} if args.no_variants else variants(bench, n)
     raw = per["Service create"]["cpuMs"] + per["ConfigMap create"]["cpuMs"] + PODS_PER_JOB * per["Pod create"]["cpuMs"]
-    ours = raw + per["FineTuneJob create"]["cpuMs"] + per["FineTuneJob status patch"]["cpuMs"] + \
-        per["Event create"]["cpuMs"]
-    doc = {"requests": n, "cpus": os.cpu_count(), "perRequest": per,
-           "perTwoRankJobCpuMs": {"raw": round(raw, 1), "operator": round(ours, 1)},
-           "floorRatio": round(ours / raw, 2), "crdVariantsCpuMs": crds}  # fmt: skip
+    ours = (
+        raw
+        + per["FineTuneJob create"]["cpuMs"]
+        + per["FineTuneJob status patch"]["cpuMs"]
+        + per["Event create"]["cpuMs"]
+    )
+    doc = {
+        "requests": n,
+        "cpus": os.cpu_count(),
+        "perRequest": per,
+        "perTwoRankJobCpuMs": {"raw": round(raw, 1), "operator": round(ours, 1)},
+        "floorRatio": round(ours / raw, 2),
+        "crdVariantsCpuMs": crds,
+    }
     print("| request | API server + etcd CPU | wall (one at a time) |\n|---|---|---|")
     for kind, v in per.items():
         print(f"| {kind} | {v['cpuMs']} ms | {v['wallMs']} ms |")

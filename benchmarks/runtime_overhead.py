@@ -66,16 +66,20 @@ def result_from_lines(side: str, timed: list[tuple[float, str]], wall: float, ba
 def summarize(results: list[RunResult]) -> dict[str, Any]:
     """Medians per side, the ratio of the medians (runtime / bare) and each pair's own ratio."""
     by = {side: [r for r in results if r.side == side] for side in ("runtime", "bare")}
-    med = {side: {"samplesPerSecond": round(statistics.median(r.samples_per_second for r in rs), 2),
-                  "secondsToFirstStep": round(statistics.median(r.seconds_to_first_step for r in rs), 2)}
-           for side, rs in by.items()}
-    pairs = [round(a.samples_per_second / b.samples_per_second, 3)
-             for a, b in zip(by["runtime"], by["bare"], strict=True)]
+    med = {
+        side: {
+            "samplesPerSecond": round(statistics.median(r.samples_per_second for r in rs), 2),
+            "secondsToFirstStep": round(statistics.median(r.seconds_to_first_step for r in rs), 2),
+        }
+        for side, rs in by.items()
+    }
+    pairs = [
+        round(a.samples_per_second / b.samples_per_second, 3) for a, b in zip(by["runtime"], by["bare"], strict=True)
+    ]
     return {
         "median": med,
         "samplesPerSecondRatio": round(med["runtime"]["samplesPerSecond"] / med["bare"]["samplesPerSecond"], 3),
-        "firstStepDelaySeconds": round(med["runtime"]["secondsToFirstStep"] - med["bare"]["secondsToFirstStep"],
-                                       3),
+        "firstStepDelaySeconds": round(med["runtime"]["secondsToFirstStep"] - med["bare"]["secondsToFirstStep"], 3),
         "pairRatios": pairs,
         # The interleaved pairs' own ratios, their median: robust to load that drifts between pairs (one slow
         # run moves the ratio of medians of the two sides more than it moves this).
@@ -85,12 +89,21 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
 
 def run_once(side: str, config: Path, work: Path, n: int, batch: int, timeout: float) -> RunResult:
     out = work / f"{side}-{n}"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(os.cpu_count() or 1),
-           "PYTHONUNBUFFERED": "1", "HF_HOME": str(work / "hf")}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(os.cpu_count() or 1),
+        "PYTHONUNBUFFERED": "1",
+        "HF_HOME": str(work / "hf"),
+    }
     if side == "runtime":
         cmd = [sys.executable, "-m", "finetune_runtime", "worker"]
-        env |= {"FTJOB_BACKEND": "cpu", "FTJOB_CONFIG": str(config), "FTJOB_OUTPUT_DIR": str(out),
-                "FTJOB_CACHE_DIR": str(work / "runtime-cache")}
+        env |= {
+            "FTJOB_BACKEND": "cpu",
+            "FTJOB_CONFIG": str(config),
+            "FTJOB_OUTPUT_DIR": str(out),
+            "FTJOB_CACHE_DIR": str(work / "runtime-cache"),
+        }
     else:
         cmd = [sys.executable, str(ROOT / "benchmarks" / "bare_trainer.py"), str(config), str(out)]
     timed: list[tuple[float, str]] = []
@@ -113,10 +126,17 @@ def run_once(side: str, config: Path, work: Path, n: int, batch: int, timeout: f
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=5, help="timed runtime/bare pairs (default 5)")
-    ap.add_argument("--epochs", type=int, default=10,
-                    help="epochs per run (13 steps each on the sample; a quiet 2-core machine runs ~45 steps/s)")
-    ap.add_argument("--quick", action="store_true",
-                    help="1 pair of 1 epoch, no warm-up: the runtime's dataset cache is cold (make bench QUICK=1)")
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=10,
+        help="epochs per run (13 steps each on the sample; a quiet 2-core machine runs ~45 steps/s)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 pair of 1 epoch, no warm-up: the runtime's dataset cache is cold (make bench QUICK=1)",
+    )
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -137,15 +157,29 @@ def main() -> int:
                 results.append(r)
                 print(f"pair {n} {side}: {asdict(r)}", flush=True)
     summary = summarize(results)
-    doc = {"config": {"pairs": pairs, "epochs": epochs, "batchSize": batch, "model": cfg["task"]["model"],
-                      "warmUp": not args.quick, "cpus": os.cpu_count(), "loadAverage": os.getloadavg()},
-           "runs": [asdict(r) for r in results], **summary}
+    doc = {
+        "config": {
+            "pairs": pairs,
+            "epochs": epochs,
+            "batchSize": batch,
+            "model": cfg["task"]["model"],
+            "warmUp": not args.quick,
+            "cpus": os.cpu_count(),
+            "loadAverage": os.getloadavg(),
+        },
+        "runs": [asdict(r) for r in results],
+        **summary,
+    }
     med = summary["median"]
     print("| | runtime | bare Trainer | runtime : bare |\n|---|---|---|---|")
-    print(f"| train samples/s (median) | {med['runtime']['samplesPerSecond']} | {med['bare']['samplesPerSecond']} "
-          f"| {summary['samplesPerSecondRatio']} (median of the pairs' ratios {summary['pairRatioMedian']}) |")
-    print(f"| time to first step, s (median) | {med['runtime']['secondsToFirstStep']} "
-          f"| {med['bare']['secondsToFirstStep']} | {summary['firstStepDelaySeconds']:+} s |")
+    print(
+        f"| train samples/s (median) | {med['runtime']['samplesPerSecond']} | {med['bare']['samplesPerSecond']} "
+        f"| {summary['samplesPerSecondRatio']} (median of the pairs' ratios {summary['pairRatioMedian']}) |"
+    )
+    print(
+        f"| time to first step, s (median) | {med['runtime']['secondsToFirstStep']} "
+        f"| {med['bare']['secondsToFirstStep']} | {summary['firstStepDelaySeconds']:+} s |"
+    )
     write_json(args.json, doc)
     return 0
 

@@ -15,8 +15,9 @@ from .constants import API_VERSION, KIND
 
 
 def all_rules() -> list[Rule]:
-    return (static_rules(profiles.default_mpi_profiles()) + profiles.profile_rules() + pod_rules()
-            + [reserved_env_rule()])
+    return (
+        static_rules(profiles.default_mpi_profiles()) + profiles.profile_rules() + pod_rules() + [reserved_env_rule()]
+    )
 
 
 def _at(obj: Any, scope: str) -> Any:

@@ -85,8 +85,10 @@ def _render(args: argparse.Namespace) -> int:
         broken = violations(job["spec"], config)
         if broken:
             failed = True
-            print(f"error: FineTuneJob {name!r} breaks the operator's policy (the operator would fail it):",
-                  file=sys.stderr)
+            print(
+                f"error: FineTuneJob {name!r} breaks the operator's policy (the operator would fail it):",
+                file=sys.stderr,
+            )
             for msg in broken:
                 print(f"  {msg}", file=sys.stderr)
             continue

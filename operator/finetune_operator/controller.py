@@ -247,9 +247,17 @@ class JobLoop:
       have not shown yet: a pass woken by the first of a wide job's pod events must not create the others again.
     `clock` is monotonic seconds and `now` the wall clock for status timestamps; tests pass fakes."""
 
-    def __init__(self, namespace: str, name: str, api: Api, config: Mapping[str, Any], *,
-                 clock: Callable[[], float] = time.monotonic, now: Callable[[], datetime] = utcnow,
-                 body: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        api: Api,
+        config: Mapping[str, Any],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = utcnow,
+        body: Mapping[str, Any] | None = None,
+    ) -> None:
         self.namespace, self.name = namespace, name
         self.api, self.config = api, config
         self.clock, self.now = clock, now
@@ -299,7 +307,8 @@ class JobLoop:
             return
         meta = body.get("metadata") or {}
         if meta.get("resourceVersion") == job["metadata"].get("resourceVersion") and body.get("spec") is not job.get(
-                "spec"):
+            "spec"
+        ):
             self.job = lean(body)
 
     def child_event(self, ref: str, wake: bool = True) -> None:
@@ -475,16 +484,16 @@ class JobLoop:
         if old_status.get("phase") in FOLLOWED:
             # Rank 0 finished: its last lines (final step, metrics, done) are read now, whatever the interval,
             # so a finished job's status.progress is its final one.
-            prog = self._read_progress(rank0_log_source(job, old_status.get("phase")), old_status,
-                                       force=_rank0_finished(job, pods))
+            prog = self._read_progress(
+                rank0_log_source(job, old_status.get("phase")), old_status, force=_rank0_finished(job, pods)
+            )
         seen = {**objects, **self.made}
         # Queued jobs: the Workload, read fresh (no watch: Kueue's CRDs may not exist where no job is queued).
         wl = self.api.get_workload(ns, name) if (job["spec"].get("runPolicy") or {}).get("queueName") else None
         # An admitted Workload's flavors, read each pass (a GET each): their nodeLabels and tolerations go onto
         # the pods; one that cannot be read (None) is left out and reconcile waits for it.
         flavors = {f: obj for f in admitted_flavors(wl) if (obj := self.api.get_resource_flavor(f)) is not None}
-        observed = Observed(pods, seen, now, prog, functools.partial(generate_keys, name), workload=wl,
-                            flavors=flavors)  # fmt: skip
+        observed = Observed(pods, seen, now, prog, functools.partial(generate_keys, name), workload=wl, flavors=flavors)
         return 0.0, _Planned(raw, job, old_status, reconcile(job, observed, self.config), now)
 
     def _apply(self, planned: _Planned) -> float:
@@ -509,8 +518,13 @@ class JobLoop:
         made = [o for o in plan.create if o["kind"] in UNWATCHED_KINDS]
         self.made.update({f"{o['kind']}/{o['metadata']['name']}": uid for o in made})
         at = self.clock()
-        self.created.update({f"{o['kind']}/{o['metadata']['name']}": (slim_child(o), at) for o in plan.create
-                             if o["kind"] not in UNWATCHED_KINDS})  # fmt: skip
+        self.created.update(
+            {
+                f"{o['kind']}/{o['metadata']['name']}": (slim_child(o), at)
+                for o in plan.create
+                if o["kind"] not in UNWATCHED_KINDS
+            }
+        )
         RECONCILES.inc()
         following = plan.status.get("phase") in FOLLOWED and not plan.delete_job
         self.followed = Followed.of(job, plan.status) if following else None
@@ -546,8 +560,9 @@ class JobLoop:
         else:
             clear_job(self.namespace, self.name)
 
-    def _read_progress(self, source: tuple[str, str], status: Mapping[str, Any],
-                       force: bool = False) -> dict[str, Any] | None:
+    def _read_progress(
+        self, source: tuple[str, str], status: Mapping[str, Any], force: bool = False
+    ) -> dict[str, Any] | None:
         """Rank 0's newest progress folded onto status.progress, or None when it is not time to read again (every
         PROGRESS_EVERY_S, unless `force`) or the log has no progress yet."""
         if not force and self._progress_due_in() > 0:

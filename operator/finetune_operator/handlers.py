@@ -93,8 +93,9 @@ def _child_indexer(kind: str) -> Any:
 
 
 def _on_child(kind: str) -> Any:
-    async def event(type: str | None, name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo,
-                    **_: Any) -> None:
+    async def event(
+        type: str | None, name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any
+    ) -> None:
         """The index now shows the child; a deletion (of it, or of a foreign object holding a child's name)
         wakes the job, which may create it now."""
         loop = memo.loops.get(namespace or "", labels.get(c.LABEL_JOB_NAME, ""))
@@ -117,8 +118,9 @@ async def _pod_event(name: str, labels: Mapping[str, str], namespace: str | None
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-async def _job_event(type: str | None, body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo,
-                     **_: Any) -> None:
+async def _job_event(
+    type: str | None, body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
     drop_managed_fields(body)
     loop = memo.loops.get(namespace or "", name)
     if loop is not None:
@@ -147,8 +149,9 @@ def _index_ids(config: Mapping[str, Any]) -> list[str]:
     return [f"job_{plural}" for plural in plurals]
 
 
-async def job_daemon(name: str, namespace: str | None, body: kopf.Body, stopped: kopf.DaemonStopped,
-                     memo: kopf.Memo, **kwargs: Any) -> None:
+async def job_daemon(
+    name: str, namespace: str | None, body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo, **kwargs: Any
+) -> None:
     key = (namespace or "default", name)
     config: Mapping[str, Any] = memo.config
     pods, *others = (kwargs[i] for i in _index_ids(config))
@@ -188,8 +191,6 @@ def freeze_startup_objects() -> None:
     "CPU per watch event")."""
     gc.collect()
     gc.freeze()
-
-
 
 
 def run_operator(

@@ -101,14 +101,21 @@ class Kube:
         self._event_counts: dict[str, int] = {}  # Event name -> count last written (see event()), bounded
 
     # -- requests -------------------------------------------------------------------------------------------
-    def _call(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
-              patch: bool = False) -> bytes:
+    def _call(
+        self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None, patch: bool = False
+    ) -> bytes:
         """One request; the raw answer. A status outside 2xx raises ApiException, as the generated client does."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/merge-patch+json" if patch else "application/json"
-        req = self.api.param_serialize(method=method, resource_path=path, query_params=list((query or {}).items()),
-                                       header_params=headers, body=body, auth_settings=["BearerToken"])  # fmt: skip
+        req = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         resp = self.api.call_api(*req)
         data: bytes = resp.read()  # type: ignore[no-untyped-call]
         if not 200 <= resp.status <= 299:
@@ -131,8 +138,7 @@ class Kube:
             return True
         except ApiException as e:
             if e.status == 403 and _namespace_terminating(e):
-                log.info("not creating %s %s/%s: the namespace is being deleted", kind, meta["namespace"],
-                         meta["name"])  # fmt: skip
+                log.info("not creating %s %s/%s: the namespace is being deleted", kind, meta["namespace"], meta["name"])
                 return False
             if e.status in REFUSED_STATUSES:
                 raise Refused(kind, meta["name"], e.status, _server_message(e)) from e
@@ -157,8 +163,9 @@ class Kube:
 
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None:
         try:
-            return self._call("GET", _path("Pod", ns, pod, "log"), query={"container": container, "tailLines": lines}
-                              ).decode("utf-8", "replace")  # fmt: skip
+            return self._call(
+                "GET", _path("Pod", ns, pod, "log"), query={"container": container, "tailLines": lines}
+            ).decode("utf-8", "replace")
         except ApiException as e:
             if e.status in (400, 404):  # container not started yet, or pod gone
                 return None

@@ -83,8 +83,13 @@ class _Reporter:
         if self.bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total if isinstance(total, int) else None, desc=self.label, unit="step",
-                            file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total if isinstance(total, int) else None,
+                desc=self.label,
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+            )
         if isinstance(total, int) and self.bar.total != total:
             self.bar.total = total
         if step >= self.bar.n:
@@ -204,8 +209,10 @@ def run_local(
 ) -> int:
     command: list[str] = list(job["spec"].get("command") or [])
     if command and not shutil.which(command[0], path=local_path(os.environ.get("PATH", ""))):
-        raise SystemExit(f"error: spec.command[0] {command[0]!r} is not on PATH here (nor a file); install it or "
-                         "give its path in spec.command")
+        raise SystemExit(
+            f"error: spec.command[0] {command[0]!r} is not on PATH here (nor a file); install it or "
+            "give its path in spec.command"
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     if precision:
         job["spec"].setdefault("training", {})["precision"] = precision
@@ -228,8 +235,7 @@ def run_local(
         stages.append(("precompile", {"FTJOB_MODE": "precompile"}))
     stages.append(("train", {"FTJOB_MODE": "train"}))
     for stage, stage_env in stages:
-        plans = [_node_plan(command, launcher, node, nodes, procs, {**base_env, **stage_env})
-                 for node in range(nodes)]
+        plans = [_node_plan(command, launcher, node, nodes, procs, {**base_env, **stage_env}) for node in range(nodes)]
         rc = _run_stage(stage, plans, logs, quiet)
         if rc != 0:
             return rc
@@ -237,8 +243,9 @@ def run_local(
     return 0
 
 
-def _node_plan(command: list[str], launcher: str, node: int, nodes: int, procs: int,
-               env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+def _node_plan(
+    command: list[str], launcher: str, node: int, nodes: int, procs: int, env: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of one local node, as its pod's main container runs it (builders/pods.py)."""
     env = {**env, "FTJOB_NODE_RANK": str(node)}
     if launcher == "mpi":  # the launcher pod: mpirun with the built-in worker or the job's own command
@@ -277,8 +284,10 @@ def _run_stage(stage: str, plans: list[tuple[list[str], dict[str, str]]], logs: 
                     procs.remove(entry)
                     if code != 0:
                         rc = code
-                        print(f"\n{stage}: {entry[1].name} exited with {code}; last lines:\n{_tail(entry[1])}",
-                              file=sys.stderr)
+                        print(
+                            f"\n{stage}: {entry[1].name} exited with {code}; last lines:\n{_tail(entry[1])}",
+                            file=sys.stderr,
+                        )
             time.sleep(0.2)
     except KeyboardInterrupt:
         rc = 130

@@ -64,8 +64,12 @@ def clear_job(namespace: str, job: str) -> None:
 
 def exported_names() -> set[str]:
     """The sample names /metrics carries for our collectors (counters as `<name>_total` and `<name>_created`)."""
-    suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum"),
-                "summary": ("", "_count", "_sum")}
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "gauge": ("",),
+        "histogram": ("_bucket", "_count", "_sum"),
+        "summary": ("", "_count", "_sum"),
+    }
     return {m.name + s for c in COLLECTORS for m in c.describe() for s in suffixes[m.type]}
 
 

@@ -47,18 +47,24 @@ def violations(spec: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     out: list[str] = []
     images: list[str] = list(policy.get(IMAGES) or [])
     if images and spec.get("image") and not _allowed(str(spec["image"]), images):
-        out.append(f"spec.image {spec['image']!r} is not allowed by the operator's policy.{IMAGES} {images}: "
-                   "use a matching image, or leave spec.image empty for the profile's default")
+        out.append(
+            f"spec.image {spec['image']!r} is not allowed by the operator's policy.{IMAGES} {images}: "
+            "use a matching image, or leave spec.image empty for the profile's default"
+        )
     accounts: list[str] = list(policy.get(SERVICE_ACCOUNTS) or [])
     account = str(spec.get("serviceAccountName") or DEFAULT_SERVICE_ACCOUNT)
     if accounts and not _allowed(account, accounts):
-        out.append(f"spec.serviceAccountName {account!r} is not allowed by the operator's "
-                   f"policy.{SERVICE_ACCOUNTS} {accounts}: name one of those ServiceAccounts")
+        out.append(
+            f"spec.serviceAccountName {account!r} is not allowed by the operator's "
+            f"policy.{SERVICE_ACCOUNTS} {accounts}: name one of those ServiceAccounts"
+        )
     secrets: list[str] = list(policy.get(SECRETS) or [])
     for field, name in secrets_of(spec) if secrets else []:
         if not _allowed(name, secrets):
-            out.append(f"{field} {name!r} is not allowed by the operator's policy.{SECRETS} {secrets}: "
-                       "reference one of those Secrets")
+            out.append(
+                f"{field} {name!r} is not allowed by the operator's policy.{SECRETS} {secrets}: "
+                "reference one of those Secrets"
+            )
     return out
 
 
@@ -69,8 +75,11 @@ def check_config(config: Mapping[str, Any]) -> list[str]:
         return []
     if not isinstance(policy, Mapping):
         return ["policy: expected a mapping with allowedImages, allowedServiceAccounts and allowedSecrets"]
-    out = [f"policy.{k}: unknown key (known: {IMAGES}, {SERVICE_ACCOUNTS}, {SECRETS})"
-           for k in policy if k not in (IMAGES, SERVICE_ACCOUNTS, SECRETS)]
+    out = [
+        f"policy.{k}: unknown key (known: {IMAGES}, {SERVICE_ACCOUNTS}, {SECRETS})"
+        for k in policy
+        if k not in (IMAGES, SERVICE_ACCOUNTS, SECRETS)
+    ]
     for k in (IMAGES, SERVICE_ACCOUNTS, SECRETS):
         v = policy.get(k)
         if v is not None and not (isinstance(v, list) and all(isinstance(x, str) and x for x in v)):

@@ -30,6 +30,8 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(v) for v in value if v is not _NONFINITE]
     return value
+
+
 _KEEP = ("event", "step", "totalSteps", "epoch", "loss", "samplesPerSecond", "etaSeconds", "learningRate", "time")
 
 

@@ -110,15 +110,26 @@ def slim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
     container's name and state (running / waiting / terminated with exit code, reason and message)."""
     meta = obj.get("metadata") or {}
     st = obj.get("status") or {}
-    out: dict[str, Any] = {"kind": obj.get("kind", "Pod"), "metadata": {
-        "name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
-        "ownerReferences": [{"uid": r.get("uid"), "controller": True}
-                            for r in meta.get("ownerReferences") or [] if r.get("controller")]}}  # fmt: skip
+    out: dict[str, Any] = {
+        "kind": obj.get("kind", "Pod"),
+        "metadata": {
+            "name": meta.get("name"),
+            "labels": dict(meta.get("labels") or {}),
+            "ownerReferences": [
+                {"uid": r.get("uid"), "controller": True}
+                for r in meta.get("ownerReferences") or []
+                if r.get("controller")
+            ],
+        },
+    }
     if meta.get("deletionTimestamp"):
         out["metadata"]["deletionTimestamp"] = meta["deletionTimestamp"]
     status = {k: st[k] for k in ("phase", "reason", "message") if st.get(k)}
-    scheduled = [{k: c[k] for k in ("type", "status", "reason", "message") if k in c}
-                 for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"]  # fmt: skip
+    scheduled = [
+        {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+        for c in st.get("conditions") or []
+        if c.get("type") == "PodScheduled"
+    ]
     if scheduled:
         status["conditions"] = scheduled
     for key in ("initContainerStatuses", "containerStatuses"):
@@ -174,8 +185,10 @@ def report_foreign(status: dict[str, Any], foreign: list[Foreign], now: datetime
         set_condition(status, "ForeignChildren", False, "None", "no foreign objects carry this job's labels", now)
         return
     status["foreignChildren"] = [f.entry() for f in foreign[:32]]
-    msg = ("objects labelled as this job's children are not controlled by it and are ignored (never counted, "
-           f"mounted or deleted): {', '.join(f.describe() for f in foreign[:32])}")
+    msg = (
+        "objects labelled as this job's children are not controlled by it and are ignored (never counted, "
+        f"mounted or deleted): {', '.join(f.describe() for f in foreign[:32])}"
+    )
     set_condition(status, "ForeignChildren", True, "ForeignChildren", msg, now)
 
 
@@ -353,9 +366,16 @@ class Pass:
         if wl is None or _wl_condition(wl, "Finished"):
             return
         conds = [dict(x) for x in (wl.get("status") or {}).get("conditions") or [] if x.get("type") != "Finished"]
-        conds.append({"type": "Finished", "status": "True", "reason": phase, "message": message[:1000],
-                      "lastTransitionTime": iso(self.now),
-                      "observedGeneration": wl["metadata"].get("generation", 1)})  # fmt: skip
+        conds.append(
+            {
+                "type": "Finished",
+                "status": "True",
+                "reason": phase,
+                "message": message[:1000],
+                "lastTransitionTime": iso(self.now),
+                "observedGeneration": wl["metadata"].get("generation", 1),
+            }
+        )
         self.plan.workload_status = _wl_patch(wl, {"conditions": conds})
 
 
@@ -463,9 +483,11 @@ def admitted(p: Pass, wl: dict[str, Any], queue: str) -> Plan | None:
     admission = (wl.get("status") or {}).get("admission") or {}
     missing = [f for f in assigned_flavors(admission) if f not in p.observed.flavors]
     if missing:
-        msg = (f"Kueue admitted Workload {wl['metadata']['name']} with ResourceFlavor(s) {', '.join(missing)}, "
-               "which could not be read; waiting for them (pods are created once their nodeLabels and "
-               "tolerations are known)")
+        msg = (
+            f"Kueue admitted Workload {wl['metadata']['name']} with ResourceFlavor(s) {', '.join(missing)}, "
+            "which could not be read; waiting for them (pods are created once their nodeLabels and "
+            "tolerations are known)"
+        )
         # Nothing is created or deleted meanwhile; a job already past its queue keeps its phase.
         phase = p.old_phase if p.old_phase and p.old_phase != "Queued" else "Pending"
         p.transition(phase, "FlavorNotFound", msg)
@@ -480,14 +502,17 @@ def admitted(p: Pass, wl: dict[str, Any], queue: str) -> Plan | None:
             continue
         selector = scheduling(p.job, p.layout, role).get("nodeSelector") or {}
         for key, have, want in conflicts(selector, placement):
-            bad.append(f"pod set {role}: {_selector_source(p.job, p.layout, key)} sets {key}={have} but Kueue "
-                       f"assigned ResourceFlavor(s) {', '.join(placement.flavors)} with nodeLabels {key}={want}")
+            bad.append(
+                f"pod set {role}: {_selector_source(p.job, p.layout, key)} sets {key}={have} but Kueue "
+                f"assigned ResourceFlavor(s) {', '.join(placement.flavors)} with nodeLabels {key}={want}"
+            )
     if bad:
         p.placements = None
         p.flavor_conflict = (
             "; ".join(bad) + ". Fix: make the job's node selector agree with the flavor (or drop the key), or queue "
             f"it in a LocalQueue whose ClusterQueue has a matching flavor; Workload {wl['metadata']['name']} "
-            f"(LocalQueue {queue}) is marked Finished to release its quota")  # fmt: skip
+            f"(LocalQueue {queue}) is marked Finished to release its quota"
+        )
     if p.old_phase == "Queued":
         set_condition(st, "Queued", False, "Admitted", f"admitted by Kueue (LocalQueue {queue})", now)
     return None
@@ -507,8 +532,10 @@ def queued(p: Pass) -> Plan | None:
         # Not ours (labels and names never prove it): e.g. the Workload of a deleted job of the same name that
         # the garbage collector has not removed yet. Wait without reading its admission.
         p.delete(p.live)
-        msg = (f"Workload {wl['metadata']['name']} exists but is not controlled by this job; waiting for it to go "
-               f"({FOREIGN_FIX})")
+        msg = (
+            f"Workload {wl['metadata']['name']} exists but is not controlled by this job; waiting for it to go "
+            f"({FOREIGN_FIX})"
+        )
         p.transition("Queued", "ForeignWorkload", msg)
         set_condition(st, "Queued", True, "ForeignWorkload", msg, now)
         p.plan.requeue_after = QUEUED_POLL_S
@@ -521,12 +548,25 @@ def queued(p: Pass) -> Plan | None:
         p.plan.create.append(build_workload(p.job, p.layout, p.names, pods))
     p.delete(p.live)
     if wl is not None and evicted and not p.pods and (wl.get("status") or {}).get("admission"):
-        conds = [dict(x) for x in wl["status"].get("conditions") or []
-                 if x.get("type") not in ("QuotaReserved", "Admitted")]  # fmt: skip
-        conds += [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
-                   "message": str(evicted.get("message", ""))[:1000], "lastTransitionTime": iso(now)},
-                  {"type": "Admitted", "status": "False", "reason": "NoReservation",
-                   "message": "The workload has no reservation", "lastTransitionTime": iso(now)}]  # fmt: skip
+        conds = [
+            dict(x) for x in wl["status"].get("conditions") or [] if x.get("type") not in ("QuotaReserved", "Admitted")
+        ]
+        conds += [
+            {
+                "type": "QuotaReserved",
+                "status": "False",
+                "reason": "Pending",
+                "message": str(evicted.get("message", ""))[:1000],
+                "lastTransitionTime": iso(now),
+            },
+            {
+                "type": "Admitted",
+                "status": "False",
+                "reason": "NoReservation",
+                "message": "The workload has no reservation",
+                "lastTransitionTime": iso(now),
+            },
+        ]
         p.plan.workload_status = _wl_patch(wl, {"admission": None, "conditions": conds})
     msg = _queue_message(wl, queue)
     p.transition("Queued", "Queued", msg)
@@ -568,8 +608,7 @@ def group_failure(p: Pass) -> Plan | None:
     other ranks would otherwise hang in collectives until a timeout."""
     st, now, attempt = p.status, p.now, p.attempt
     failed = [pod for pod in p.current if _phase(pod) == "Failed"]
-    failed += [pod for pod in p.pods
-               if _deleting(pod) and _attempt(pod) == attempt and _phase(pod) not in TERMINAL]  # fmt: skip
+    failed += [pod for pod in p.pods if _deleting(pod) and _attempt(pod) == attempt and _phase(pod) not in TERMINAL]
     if not failed:
         return None
     f = min((_failure(pod, attempt) for pod in failed), key=_cause_first)
@@ -621,9 +660,14 @@ def converge(p: Pass) -> Plan:
     make_keys = p.layout.launcher == "mpi" and ssh_secret not in p.objects and ssh_secret not in foreign
     if make_keys and observed.ssh_keys is None:
         raise ValueError("MPI jobs need Observed.ssh_keys to create their Secret")
-    children = desired(p.job, images=p.config.get("images"), attempt=attempt,
-                       ssh_keys=observed.ssh_keys() if make_keys and observed.ssh_keys else None,
-                       network_policy_config=p.config.get("networkPolicy"), placements=p.placements)  # fmt: skip
+    children = desired(
+        p.job,
+        images=p.config.get("images"),
+        attempt=attempt,
+        ssh_keys=observed.ssh_keys() if make_keys and observed.ssh_keys else None,
+        network_policy_config=p.config.get("networkPolicy"),
+        placements=p.placements,
+    )
     p.delete(p.stale)
     taken = {pod["metadata"]["name"] for pod in p.pods}
     needed = [f"{obj['kind']}/{obj['metadata']['name']}" for obj in children.all()]
@@ -644,8 +688,9 @@ def converge(p: Pass) -> Plan:
     if creates_pods and "startTime" not in st:
         st["startTime"] = iso(now)
     if creates_pods and not p.current:
-        set_condition(st, "Created", True, "PodsCreated", f"created {len(children.pods)} pods for attempt {attempt}",
-                      now)  # fmt: skip
+        set_condition(
+            st, "Created", True, "PodsCreated", f"created {len(children.pods)} pods for attempt {attempt}", now
+        )
 
     rank_role = c.ROLE_WORKER if p.layout.launcher == "mpi" else c.ROLE_RANK
     up = ("Running", "Succeeded")
@@ -662,8 +707,7 @@ def converge(p: Pass) -> Plan:
         set_condition(st, "Restarting", False, "Running", msg, now)
         set_condition(st, "Running", True, "Running", msg, now)
     elif blocked:
-        msg = (f"waiting: {', '.join(blocked)} already exist(s) but this job does not control them; "
-               f"{FOREIGN_FIX}")
+        msg = f"waiting: {', '.join(blocked)} already exist(s) but this job does not control them; {FOREIGN_FIX}"
         p.transition("Pending", "ForeignChildren", msg)
     else:
         problem = _pending_problem(p.current)
@@ -695,15 +739,25 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
     report_foreign(st, foreign, observed.now)
     live = [pod for pod in pods if not _deleting(pod)]
     _record_compile_cache(plan, Names.of(job, layout.launcher), layout, attempt, live)
-    return Pass(job=job, observed=observed, config=config or {}, layout=layout, names=Names.of(job, layout.launcher),
-                plan=plan, old_phase=old.get("phase"), attempt=attempt, pods=pods, objects=objects,
-                foreign=foreign, live=live,
-                current=[pod for pod in live if _attempt(pod) == attempt],
-                stale=[pod for pod in live if _attempt(pod) != attempt])  # fmt: skip
+    return Pass(
+        job=job,
+        observed=observed,
+        config=config or {},
+        layout=layout,
+        names=Names.of(job, layout.launcher),
+        plan=plan,
+        old_phase=old.get("phase"),
+        attempt=attempt,
+        pods=pods,
+        objects=objects,
+        foreign=foreign,
+        live=live,
+        current=[pod for pod in live if _attempt(pod) == attempt],
+        stale=[pod for pod in live if _attempt(pod) != attempt],
+    )
 
 
-def _record_compile_cache(plan: Plan, names: Names, layout: Layout, attempt: int,
-                          live: list[dict[str, Any]]) -> None:
+def _record_compile_cache(plan: Plan, names: Names, layout: Layout, attempt: int, live: list[dict[str, Any]]) -> None:
     """status.compileCache from the precompile trial of this attempt (cachereport.py), once it has finished."""
     source = names.launcher if layout.launcher == "mpi" else names.rank_pod(0)
     pod = next((x for x in live if x["metadata"]["name"] == source and _attempt(x) == attempt), None)

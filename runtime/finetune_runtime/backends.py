@@ -42,17 +42,21 @@ class BackendPlan:
     """What the Trainer and the model need for one backend (pure data; unit-tested per backend)."""
 
     name: str
-    ddp_backend: str | None          # TrainingArguments.ddp_backend
-    use_cpu: bool                    # TrainingArguments.use_cpu
-    trainer_bf16: bool               # TrainingArguments.bf16 (autocast): xeon/nvidia
-    cast_model_bf16: bool            # model.to(torch.bfloat16): Neuron's current bf16 guidance
-    ipex: bool                       # run ipex.optimize on model + optimizer
+    ddp_backend: str | None  # TrainingArguments.ddp_backend
+    use_cpu: bool  # TrainingArguments.use_cpu
+    trainer_bf16: bool  # TrainingArguments.bf16 (autocast): xeon/nvidia
+    cast_model_bf16: bool  # model.to(torch.bfloat16): Neuron's current bf16 guidance
+    ipex: bool  # run ipex.optimize on model + optimizer
     env: dict[str, str] = field(default_factory=dict)  # variables to export before torch.distributed starts
     notes: list[str] = field(default_factory=list)
 
 
-def plan_backend(backend: str, precision: str, importable: Callable[[str], bool] = _default_importable,
-                 cuda_available: Callable[[], bool] | None = None) -> BackendPlan:
+def plan_backend(
+    backend: str,
+    precision: str,
+    importable: Callable[[str], bool] = _default_importable,
+    cuda_available: Callable[[], bool] | None = None,
+) -> BackendPlan:
     """Choose the code path; raise MissingStackError when the backend's stack is absent."""
     bf16 = precision == "bf16"
     if backend == "cpu":
@@ -62,8 +66,9 @@ def plan_backend(backend: str, precision: str, importable: Callable[[str], bool]
         ccl = importable("oneccl_bindings_for_pytorch")
         notes = []
         if not ipex:
-            notes.append("intel_extension_for_pytorch not installed: plain torch (bf16 autocast still uses AMX "
-                         "through oneDNN)")
+            notes.append(
+                "intel_extension_for_pytorch not installed: plain torch (bf16 autocast still uses AMX through oneDNN)"
+            )
         if not ccl:
             notes.append("oneccl_bindings_for_pytorch not installed: gloo instead of ccl")
         return BackendPlan("xeon", "ccl" if ccl else "gloo", True, bf16, False, ipex, notes=notes)
@@ -72,13 +77,15 @@ def plan_backend(backend: str, precision: str, importable: Callable[[str], bool]
         if not ok:
             raise MissingStackError(
                 f"FTJOB_BACKEND=nvidia but torch sees no CUDA device; use the {IMAGES['nvidia']} image on a node "
-                "with nvidia.com/gpu")
+                "with nvidia.com/gpu"
+            )
         return BackendPlan("nvidia", "nccl", False, bf16, False, False)
     if backend == "neuron":
         if not importable("torch_xla"):
             raise MissingStackError(
                 "FTJOB_BACKEND=neuron needs torch-neuronx (torch_xla) and the Neuron runtime; they are not "
-                f"installed here: use the {IMAGES['neuron']} image")
+                f"installed here: use the {IMAGES['neuron']} image"
+            )
         env = {"NEURON_RT_STOCHASTIC_ROUNDING_EN": "1"} if bf16 else {}
         # bf16 on Neuron: cast the model (XLA_USE_BF16/XLA_DOWNCAST_BF16 are deprecated); autocast stays off.
         return BackendPlan("neuron", "xla", False, False, bf16, False, env=env)
@@ -100,8 +107,9 @@ def import_vendor(backend: str, module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise MissingStackError(f"{module} is not installed (backend {backend}); use the {IMAGES[backend]} "
-                                "image") from e
+        raise MissingStackError(
+            f"{module} is not installed (backend {backend}); use the {IMAGES[backend]} image"
+        ) from e
 
 
 def require_binary(name: str, backend: str) -> str:

@@ -26,9 +26,14 @@ class ProgressCallback(TrainerCallback):
     """Progress lines + checkpoint completeness markers + a checkpoint at every epoch end (unless the newest
     one is under EPOCH_SAVE_MIN_SECONDS old)."""
 
-    def __init__(self, emitter: ProgressEmitter, precompile: bool, save_each_epoch: bool,
-                 on_checkpoint: Callable[[Path], str | None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        emitter: ProgressEmitter,
+        precompile: bool,
+        save_each_epoch: bool,
+        on_checkpoint: Callable[[Path], str | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.emitter = emitter
         self.on_checkpoint = on_checkpoint  # after the marker (rank 0): e.g. the S3 upload; returns a URL
         self.precompile = precompile
@@ -46,13 +51,15 @@ class ProgressCallback(TrainerCallback):
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
         # Never lose an epoch of work; skip when this very step was just saved (step schedule, last step), or
         # when the newest checkpoint is too young to be worth another (EPOCH_SAVE_MIN_SECONDS).
-        if (self.save_each_epoch and self.last_saved != state.global_step
-                and self.clock() - self.saved_at >= EPOCH_SAVE_MIN_SECONDS):
+        if (
+            self.save_each_epoch
+            and self.last_saved != state.global_step
+            and self.clock() - self.saved_at >= EPOCH_SAVE_MIN_SECONDS
+        ):
             control.should_save = True
         return control
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-               **kw: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if not logs or "loss" not in logs:
             return
         now = time.monotonic()
@@ -62,16 +69,28 @@ class ProgressCallback(TrainerCallback):
         done = state.global_step - self.step0
         eta = int((state.max_steps - state.global_step) * (now - self.t0) / done) if done > 0 else None
         self.t_last, self.step_last = now, state.global_step
-        self.emitter.emit("precompile" if self.precompile else "train", step=state.global_step,
-                          totalSteps=state.max_steps, epoch=round(float(state.epoch or 0), 4),
-                          loss=float(logs["loss"]), samplesPerSecond=round(sps, 2) if sps else None,
-                          etaSeconds=eta, time=utc_now())
+        self.emitter.emit(
+            "precompile" if self.precompile else "train",
+            step=state.global_step,
+            totalSteps=state.max_steps,
+            epoch=round(float(state.epoch or 0), 4),
+            loss=float(logs["loss"]),
+            samplesPerSecond=round(sps, 2) if sps else None,
+            etaSeconds=eta,
+            time=utc_now(),
+        )
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None,
-                    **kw: Any) -> None:
+    def on_evaluate(
+        self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kw: Any
+    ) -> None:
         self.last_eval = (state.global_step, dict(metrics or {}))
-        self.emitter.emit("eval", step=state.global_step, totalSteps=state.max_steps,
-                          epoch=round(float(state.epoch or 0), 4), metrics=clean_metrics(metrics or {}))
+        self.emitter.emit(
+            "eval",
+            step=state.global_step,
+            totalSteps=state.max_steps,
+            epoch=round(float(state.epoch or 0), 4),
+            metrics=clean_metrics(metrics or {}),
+        )
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.last_saved = state.global_step
@@ -80,6 +99,11 @@ class ProgressCallback(TrainerCallback):
         if state.is_world_process_zero and ckpt.is_dir():
             checkpoints.mark_complete(ckpt)
             url = self.on_checkpoint(ckpt) if self.on_checkpoint else None
-            self.emitter.emit("checkpoint", step=state.global_step, totalSteps=state.max_steps,
-                              epoch=round(float(state.epoch or 0), 4), path=str(ckpt),
-                              **({"url": url} if url else {}))
+            self.emitter.emit(
+                "checkpoint",
+                step=state.global_step,
+                totalSteps=state.max_steps,
+                epoch=round(float(state.epoch or 0), 4),
+                path=str(ckpt),
+                **({"url": url} if url else {}),
+            )

@@ -16,8 +16,14 @@ COMPLETE_MARKER = "FTJOB_COMPLETE"
 TRAINER_STATE = "trainer_state.json"
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 # A checkpoint's weights: the full model's, or a peft adapter's (causal-lm with task.lora saves only those).
-_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
-            "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
+_WEIGHTS = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+)
 
 
 def checkpoint_step(path: Path) -> int | None:
@@ -26,8 +32,12 @@ def checkpoint_step(path: Path) -> int | None:
 
 
 def is_complete(path: Path) -> bool:
-    return (path.is_dir() and (path / COMPLETE_MARKER).is_file() and (path / TRAINER_STATE).is_file()
-            and any((path / w).is_file() for w in _WEIGHTS))
+    return (
+        path.is_dir()
+        and (path / COMPLETE_MARKER).is_file()
+        and (path / TRAINER_STATE).is_file()
+        and any((path / w).is_file() for w in _WEIGHTS)
+    )
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:

@@ -101,8 +101,11 @@ def cmd_build_vocab(ns: argparse.Namespace) -> int:
         target = out / "tokenizer.json"
         tok.save(str(target))
         size = tok.get_vocab_size()
-        ids = {"pad_token_id": tok.token_to_id("<pad>"), "bos_token_id": tok.token_to_id("<s>"),
-               "eos_token_id": tok.token_to_id("<|end|>")}
+        ids = {
+            "pad_token_id": tok.token_to_id("<pad>"),
+            "bos_token_id": tok.token_to_id("<s>"),
+            "eos_token_id": tok.token_to_id("<|end|>"),
+        }
         assert list(ids.values()) == [BPE_SPECIAL_TOKENS.index(t) for t in ("<pad>", "<s>", "<|end|>")]
     else:
         tokens = build_vocab(texts, ns.lang, ns.vocab_size)
@@ -127,8 +130,11 @@ def parser() -> argparse.ArgumentParser:
     lp.add_argument("--precompile", action="store_true", help="trial run that fills the compile cache")
     lp.set_defaults(fn=cmd_launch)
     mp = sub.add_parser("mpirun", help="MPI launcher pod: ssh config + exec mpirun")
-    mp.add_argument("program", nargs=argparse.REMAINDER,
-                    help="after `--`: the job's own command for every rank (default: the built-in worker)")
+    mp.add_argument(
+        "program",
+        nargs=argparse.REMAINDER,
+        help="after `--`: the job's own command for every rank (default: the built-in worker)",
+    )
     mp.set_defaults(fn=cmd_mpirun)
     sub.add_parser("sshd", help="MPI worker pods: install keys, run sshd").set_defaults(fn=cmd_sshd)
     wp = sub.add_parser("wait-for", help="wait for DNS names / SSH / TCP endpoints, with a deadline")
@@ -142,14 +148,25 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("selfcheck", help="image smoke test").set_defaults(fn=cmd_selfcheck)
     bp = sub.add_parser("build-vocab", help="train a tokenizer on sample text (WordPiece vocab.txt or BPE)")
     bp.add_argument("--lang", choices=["ja", "en"], required=True)
-    bp.add_argument("--kind", choices=["wordpiece", "bpe"], default="wordpiece",
-                    help="wordpiece: vocab.txt for BERT tokenizers; bpe: byte-level tokenizer.json (decoders)")
+    bp.add_argument(
+        "--kind",
+        choices=["wordpiece", "bpe"],
+        default="wordpiece",
+        help="wordpiece: vocab.txt for BERT tokenizers; bpe: byte-level tokenizer.json (decoders)",
+    )
     bp.add_argument("--input", nargs="+", required=True, help="jsonl or SQuAD json files")
-    bp.add_argument("--field", nargs="*", default=["review_body", "text"],
-                    help="jsonl text fields (a list of chat messages contributes each content)")
+    bp.add_argument(
+        "--field",
+        nargs="*",
+        default=["review_body", "text"],
+        help="jsonl text fields (a list of chat messages contributes each content)",
+    )
     bp.add_argument("--vocab-size", type=int, default=4000)
-    bp.add_argument("--output", required=True,
-                    help="model directory (vocab.txt or tokenizer.json; config.json vocab_size, token ids)")
+    bp.add_argument(
+        "--output",
+        required=True,
+        help="model directory (vocab.txt or tokenizer.json; config.json vocab_size, token ids)",
+    )
     bp.set_defaults(fn=cmd_build_vocab)
     return p
 

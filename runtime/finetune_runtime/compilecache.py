@@ -31,8 +31,10 @@ def toolchain_problem() -> str | None:
         missing.append(f"Python.h ({sysconfig.get_paths()['include']})")
     if not missing:
         return None
-    return (f"torch.compile (training.compile, compileCache.precompile) needs {' and '.join(missing)}: use a "
-            "finetune-operator image (they ship g++ and python3-dev), or install them into yours")
+    return (
+        f"torch.compile (training.compile, compileCache.precompile) needs {' and '.join(missing)}: use a "
+        "finetune-operator image (they ship g++ and python3-dev), or install them into yours"
+    )
 
 
 def cache_root(env: Mapping[str, str], backend: str) -> Path | None:
@@ -74,7 +76,12 @@ class CacheProbe:
         misses: int | None = counts[1] if counts else None
         # With counters: nothing compiled and something loaded. Without: the cache held entries, none added.
         warm = (counts[0] > 0 and counts[1] == 0) if counts else (bool(self.before) and after == self.before)
-        out: dict[str, Any] = {"warm": warm, "entriesBefore": self.before, "entriesAfter": after,
-                               "graphHits": hits, "graphMisses": misses,
-                               "trialSeconds": round(time.monotonic() - self.started, 1)}
+        out: dict[str, Any] = {
+            "warm": warm,
+            "entriesBefore": self.before,
+            "entriesAfter": after,
+            "graphHits": hits,
+            "graphMisses": misses,
+            "trialSeconds": round(time.monotonic() - self.started, 1),
+        }
         return {k: v for k, v in out.items() if v is not None}

@@ -50,16 +50,22 @@ class DatasetConfig:
     def from_dict(cls, d: dict[str, Any]) -> DatasetConfig:
         sources = [k for k in ("name", "dataFiles", "path") if d.get(k)]
         if len(sources) != 1:
-            raise ConfigError("task.dataset needs exactly one of 'name' (hub dataset), 'dataFiles' (files per "
-                              f"split) and 'path' (local file/dir), got {sources or 'none'}")
+            raise ConfigError(
+                "task.dataset needs exactly one of 'name' (hub dataset), 'dataFiles' (files per "
+                f"split) and 'path' (local file/dir), got {sources or 'none'}"
+            )
         data_files = d.get("dataFiles")
-        if data_files is not None and not (isinstance(data_files, dict)
-                                           and all(isinstance(v, str) and v for v in data_files.values())):
-            raise ConfigError("task.dataset.dataFiles must map split names to a file, URL or glob, e.g. "
-                              "{\"train\": \"hf://datasets/<owner>/<name>/train.jsonl\"}")
+        if data_files is not None and not (
+            isinstance(data_files, dict) and all(isinstance(v, str) and v for v in data_files.values())
+        ):
+            raise ConfigError(
+                "task.dataset.dataFiles must map split names to a file, URL or glob, e.g. "
+                '{"train": "hf://datasets/<owner>/<name>/train.jsonl"}'
+            )
         if d.get("format") not in (None, *DATA_FILE_FORMATS):
-            raise ConfigError(f"task.dataset.format must be one of {', '.join(DATA_FILE_FORMATS)}, "
-                              f"got {d.get('format')!r}")
+            raise ConfigError(
+                f"task.dataset.format must be one of {', '.join(DATA_FILE_FORMATS)}, got {d.get('format')!r}"
+            )
         label_map = d.get("labelMap")
         return cls(
             name=d.get("name"),
@@ -130,8 +136,10 @@ def _inference(ttype: str, d: dict[str, Any]) -> tuple[list[str] | None, list[di
     samples, questions = d.get("inferenceSamples") or None, d.get("inferenceQuestions") or None
     if ttype == "question-answering":  # the one task whose inference inputs are objects
         if samples:
-            raise ConfigError("task.inferenceSamples are sentences for text-classification; for "
-                              "question-answering give task.inferenceQuestions: [{question: ..., context: ...}]")
+            raise ConfigError(
+                "task.inferenceSamples are sentences for text-classification; for "
+                "question-answering give task.inferenceQuestions: [{question: ..., context: ...}]"
+            )
         for i, q in enumerate(questions or []):
             if not (isinstance(q, dict) and isinstance(q.get("question"), str) and isinstance(q.get("context"), str)):
                 raise ConfigError(f"task.inferenceQuestions[{i}] must be {{question: <text>, context: <text>}}")
@@ -189,8 +197,7 @@ class CompileCacheConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CompileCacheConfig:
         # url/claimName are the operator's business: the pod sees them as FTJOB_CACHE_DIR / NEURON_COMPILE_CACHE_URL.
-        return cls(precompile=bool(d.get("precompile", False)),
-                   precompile_steps=int(d.get("precompileSteps") or 16))
+        return cls(precompile=bool(d.get("precompile", False)), precompile_steps=int(d.get("precompileSteps") or 16))
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ _COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 
 # --- loading ----------------------------------------------------------------------------------------------
 
+
 def _files_in(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in _LOCAL_FORMATS)
 
@@ -71,14 +72,18 @@ def flatten_squad(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for article in doc["data"]:
         for para in article["paragraphs"]:
             for qa in para["qas"]:
-                rows.append({
-                    "id": str(qa["id"]),
-                    "title": article.get("title", ""),
-                    "context": para["context"],
-                    "question": qa["question"],
-                    "answers": {"text": [a["text"] for a in qa.get("answers", [])],
-                                "answer_start": [int(a["answer_start"]) for a in qa.get("answers", [])]},
-                })
+                rows.append(
+                    {
+                        "id": str(qa["id"]),
+                        "title": article.get("title", ""),
+                        "context": para["context"],
+                        "question": qa["question"],
+                        "answers": {
+                            "text": [a["text"] for a in qa.get("answers", [])],
+                            "answer_start": [int(a["answer_start"]) for a in qa.get("answers", [])],
+                        },
+                    }
+                )
     return rows
 
 
@@ -96,8 +101,10 @@ def data_files_format(ds: DatasetConfig) -> str:
         return ds.format
     formats = {_format_of(f) for f in ds.data_files.values()}
     if len(formats) != 1 or None in formats:
-        raise ConfigError(f"task.dataset.format cannot be told from the names in task.dataset.dataFiles "
-                          f"{ds.data_files}: set format to json, csv or parquet")
+        raise ConfigError(
+            f"task.dataset.format cannot be told from the names in task.dataset.dataFiles "
+            f"{ds.data_files}: set format to json, csv or parquet"
+        )
     return str(formats.pop())
 
 
@@ -112,9 +119,11 @@ def _check_protocols(data_files: dict[str, str]) -> None:
         try:
             fsspec.get_filesystem_class(protocol)
         except (ImportError, ValueError) as e:
-            raise ConfigError(f"task.dataset.dataFiles.{split}: {url} needs the fsspec protocol {protocol!r} "
-                              f"({e}); install its package in the image, or copy the files to a volume and "
-                              f"name them by path") from e
+            raise ConfigError(
+                f"task.dataset.dataFiles.{split}: {url} needs the fsspec protocol {protocol!r} "
+                f"({e}); install its package in the image, or copy the files to a volume and "
+                f"name them by path"
+            ) from e
 
 
 def dataset_from_rows(rows: list[dict[str, Any]]) -> Any:
@@ -146,14 +155,16 @@ def load_raw(ds: DatasetConfig, cache_dir: str | None = None) -> Any:
                 splits[split] = dataset_from_rows(rows)
             else:
                 fmt = _LOCAL_FORMATS[files[0].suffix]
-                splits[split] = datasets.load_dataset(fmt, data_files=[str(f) for f in files], split="train",
-                                                      cache_dir=cache_dir)
+                splits[split] = datasets.load_dataset(
+                    fmt, data_files=[str(f) for f in files], split="train", cache_dir=cache_dir
+                )
         return datasets.DatasetDict(splits)
     # The real hub path: unreachable in our test environment, kept as the production code path.
     return datasets.load_dataset(ds.name, ds.config, cache_dir=cache_dir)
 
 
 # --- splits and sampling ---------------------------------------------------------------------------------
+
 
 def sample(dsplit: Any, n: int | None, seed: int) -> Any:
     """Seeded sample of n rows (all rows, shuffled, when n is None or larger than the split)."""
@@ -174,6 +185,7 @@ def train_eval_splits(raw: Any, ds: DatasetConfig, seed: int) -> tuple[Any, Any]
 
 
 # --- cache ------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class CacheKeyInputs:
@@ -247,8 +259,9 @@ def key_inputs(task: TaskConfig, seed: int) -> CacheKeyInputs:
     )
 
 
-def load_or_build(cache_root: Path, key: str, build: Callable[[], Any],
-                  barrier_first: Callable[[], Any]) -> tuple[Any, bool]:
+def load_or_build(
+    cache_root: Path, key: str, build: Callable[[], Any], barrier_first: Callable[[], Any]
+) -> tuple[Any, bool]:
     """Load `cache_root/key` or build it. `barrier_first` is a context manager factory that lets rank 0 run
     its body first (HF TrainingArguments.main_process_first). Returns (DatasetDict, hit)."""
     import datasets  # type: ignore[import-untyped,unused-ignore]

@@ -17,10 +17,37 @@ from finetune_runtime.backends import IMAGES, MissingStackError
 
 # Variables mpirun must carry to the ranks on other hosts (OpenMPI forwards only what `-x` names; Hydra's
 # -genvall forwards everything). Prefixes cover the vendor variables the operator derives from the profile.
-FORWARD_PREFIXES = ("FTJOB_", "NEURON_", "FI_", "CCL_", "I_MPI_", "OMP_", "KMP_", "MALLOC_", "HF_", "TORCH",
-                    "TRANSFORMERS_", "PYTORCH_", "XLA_", "NCCL_", "CUDA_", "ONEDNN_", "DNNL_")
-FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "VIRTUAL_ENV", "HOME", "LANG", "LC_ALL",
-                 "MASTER_ADDR", "MASTER_PORT")
+FORWARD_PREFIXES = (
+    "FTJOB_",
+    "NEURON_",
+    "FI_",
+    "CCL_",
+    "I_MPI_",
+    "OMP_",
+    "KMP_",
+    "MALLOC_",
+    "HF_",
+    "TORCH",
+    "TRANSFORMERS_",
+    "PYTORCH_",
+    "XLA_",
+    "NCCL_",
+    "CUDA_",
+    "ONEDNN_",
+    "DNNL_",
+)
+FORWARD_NAMES = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 DEFAULT_SSH_PORT = "2222"
 
 
@@ -37,18 +64,28 @@ def _need(env: Mapping[str, str], name: str) -> str:
 
 def torchrun_command(env: Mapping[str, str], python: str = sys.executable) -> list[str]:
     return [
-        python, "-m", "torch.distributed.run",
-        "--nnodes", env.get("FTJOB_NNODES") or "1",
-        "--nproc-per-node", env.get("FTJOB_NPROC_PER_NODE") or "1",
-        "--node-rank", env.get("FTJOB_NODE_RANK") or "0",
-        "--master-addr", env.get("FTJOB_MASTER_ADDR") or "127.0.0.1",
-        "--master-port", env.get("FTJOB_MASTER_PORT") or "29500",
-        "-m", "finetune_runtime", "worker",
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        env.get("FTJOB_NNODES") or "1",
+        "--nproc-per-node",
+        env.get("FTJOB_NPROC_PER_NODE") or "1",
+        "--node-rank",
+        env.get("FTJOB_NODE_RANK") or "0",
+        "--master-addr",
+        env.get("FTJOB_MASTER_ADDR") or "127.0.0.1",
+        "--master-port",
+        env.get("FTJOB_MASTER_PORT") or "29500",
+        "-m",
+        "finetune_runtime",
+        "worker",
     ]
 
 
-def launch_plan(env: Mapping[str, str], precompile: bool, python: str = sys.executable,
-                which: object = shutil.which) -> tuple[list[str], dict[str, str]]:
+def launch_plan(
+    env: Mapping[str, str], precompile: bool, python: str = sys.executable, which: object = shutil.which
+) -> tuple[list[str], dict[str, str]]:
     """(argv, extra env) for `launch`. On Neuron, --precompile wraps torchrun in neuron_parallel_compile,
     which runs a short trial to extract graphs and compiles them into NEURON_COMPILE_CACHE_URL; elsewhere the
     same trial with FTJOB_MODE=precompile warms the torch.compile cache."""
@@ -60,13 +97,16 @@ def launch_plan(env: Mapping[str, str], precompile: bool, python: str = sys.exec
         if (env.get("FTJOB_BACKEND") or "cpu") == "neuron":
             npc = which("neuron_parallel_compile")  # type: ignore[operator]
             if not npc:
-                raise MissingStackError("neuron_parallel_compile is not on PATH; precompiling for Neuron needs "
-                                        f"the {IMAGES['neuron']} image")
+                raise MissingStackError(
+                    "neuron_parallel_compile is not on PATH; precompiling for Neuron needs "
+                    f"the {IMAGES['neuron']} image"
+                )
             cmd = [str(npc), *cmd]
     return cmd, extra
 
 
 # --- MPI --------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class HostSlots:
@@ -117,15 +157,19 @@ def default_mpirun(impl: str, which: object = shutil.which, env: Mapping[str, st
             tried.append(f"{n} on PATH" + (f" ({found}: not Intel MPI)" if found else ""))
             if found and is_intel_mpi(str(found)):
                 return str(found)
-        raise MissingStackError(f"no Intel MPI mpirun (tried {', '.join(tried)}); use the {IMAGES['xeon']} image, "
-                                "or set I_MPI_ROOT to an Intel MPI installation (oneAPI's setvars.sh, or the "
-                                "prefix the impi-rt wheel was installed into) or FTJOB_MPIRUN to its mpirun")
+        raise MissingStackError(
+            f"no Intel MPI mpirun (tried {', '.join(tried)}); use the {IMAGES['xeon']} image, "
+            "or set I_MPI_ROOT to an Intel MPI installation (oneAPI's setvars.sh, or the "
+            "prefix the impi-rt wheel was installed into) or FTJOB_MPIRUN to its mpirun"
+        )
     names = {"mpich": ["mpirun.mpich", "mpiexec.mpich", "mpirun"], "openmpi": ["mpirun.openmpi", "mpirun"]}[impl]
     for n in names:
         if which(n):  # type: ignore[operator]
             return n
-    raise MissingStackError(f"no mpirun for {impl} on PATH (tried {', '.join(names)}); use the "
-                            f"{IMAGES['xeon']} image or install the MPI implementation")
+    raise MissingStackError(
+        f"no mpirun for {impl} on PATH (tried {', '.join(names)}); use the "
+        f"{IMAGES['xeon']} image or install the MPI implementation"
+    )
 
 
 def intel_mpi_env(binary: str, env: Mapping[str, str], which: object = shutil.which) -> dict[str, str]:
@@ -143,17 +187,25 @@ def intel_mpi_env(binary: str, env: Mapping[str, str], which: object = shutil.wh
     rest = [p for p in (env.get("PATH") or "").split(":") if p and p != str(bin_dir)]
     # Flat launch at every size: from 128 hosts Hydra's default is a proxy tree in which proxies ssh onward from
     # worker to worker, and workers hold no client key (each role gets only its own keys).
-    return {"PATH": ":".join([str(bin_dir), *rest]), "I_MPI_ROOT": env.get("I_MPI_ROOT") or str(bin_dir.parent),
-            "I_MPI_HYDRA_BRANCH_COUNT": "-1"}
+    return {
+        "PATH": ":".join([str(bin_dir), *rest]),
+        "I_MPI_ROOT": env.get("I_MPI_ROOT") or str(bin_dir.parent),
+        "I_MPI_HYDRA_BRANCH_COUNT": "-1",
+    }
 
 
 def forwarded_vars(env: Mapping[str, str]) -> list[str]:
     return sorted(k for k in env if k.startswith(FORWARD_PREFIXES) or k in FORWARD_NAMES)
 
 
-def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root: bool | None = None,
-                   which: object = shutil.which, ssh_exec: str | None = None,
-                   program: list[str] | None = None) -> list[str]:
+def mpirun_command(
+    env: Mapping[str, str],
+    python: str = sys.executable,
+    is_root: bool | None = None,
+    which: object = shutil.which,
+    ssh_exec: str | None = None,
+    program: list[str] | None = None,
+) -> list[str]:
     """The mpirun argv. `ssh_exec`: the program mpirun uses to reach other hosts (`ftjob-ssh`, which runs
     `ssh -F <our config>`: without -F ssh would read ~/.ssh/config from the passwd home, which need not be
     $HOME, and a user's own config must stay untouched under `ftjob run`).
@@ -178,10 +230,19 @@ def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root
         here = ["-localhost", env["FTJOB_LAUNCHER_HOST"]] if env.get("FTJOB_LAUNCHER_HOST") else []
         return [binary, "-f", hostfile, "-n", world, "-ppn", slots, *here, *agent, "-genvall", *worker]
     root = (os.geteuid() == 0) if is_root is None else is_root
-    cmd = [binary, "--hostfile", hostfile, "-np", world, "--map-by", f"ppr:{slots}:node",
-           # Pinning every rank to one core starves the OpenMP threads torch starts; thread placement is left
-           # to OMP_*/KMP_* from the profile.
-           "--bind-to", "none"]
+    cmd = [
+        binary,
+        "--hostfile",
+        hostfile,
+        "-np",
+        world,
+        "--map-by",
+        f"ppr:{slots}:node",
+        # Pinning every rank to one core starves the OpenMP threads torch starts; thread placement is left
+        # to OMP_*/KMP_* from the profile.
+        "--bind-to",
+        "none",
+    ]
     if root:
         cmd.append("--allow-run-as-root")
     if ssh_exec:
@@ -193,8 +254,13 @@ def mpirun_command(env: Mapping[str, str], python: str = sys.executable, is_root
     return cmd + worker
 
 
-def mpirun_plan(env: Mapping[str, str], python: str = sys.executable, which: object = shutil.which,
-                ssh_exec: str | None = None, program: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+def mpirun_plan(
+    env: Mapping[str, str],
+    python: str = sys.executable,
+    which: object = shutil.which,
+    ssh_exec: str | None = None,
+    program: list[str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """(argv, extra env) for `mpirun`: the command, plus Intel MPI's own environment when it is Intel MPI."""
     argv = mpirun_command(env, python, which=which, ssh_exec=ssh_exec, program=program)
     intel = (env.get("FTJOB_MPI_IMPLEMENTATION") or "openmpi") == "intel"
@@ -210,12 +276,22 @@ def ssh_config(env: Mapping[str, str], hosts: list[str], ssh_dir: Path) -> str:
     the operator), nothing is learnt on first use, and a host missing from it or with another key is refused.
     Without a Secret (`ftjob run`: one local node, no ssh) the file is absent and any ssh attempt fails."""
     port = env.get("FTJOB_SSH_PORT") or DEFAULT_SSH_PORT
-    lines = [f"# written by ftjob-runtime mpirun for: {' '.join(hosts) or 'no hosts'}",
-             "Host *", f"  Port {port}", f"  IdentityFile {ssh_dir / 'id_ed25519'}", "  IdentitiesOnly yes",
-             "  StrictHostKeyChecking yes", f"  UserKnownHostsFile {ssh_dir / 'known_hosts'}",
-             "  GlobalKnownHostsFile /dev/null", "  UpdateHostKeys no",
-             # Pods get new IPs on restart: keys are pinned to the workers' stable names, not addresses.
-             "  CheckHostIP no", "  LogLevel ERROR", "  ConnectTimeout 10", "  ServerAliveInterval 30"]
+    lines = [
+        f"# written by ftjob-runtime mpirun for: {' '.join(hosts) or 'no hosts'}",
+        "Host *",
+        f"  Port {port}",
+        f"  IdentityFile {ssh_dir / 'id_ed25519'}",
+        "  IdentitiesOnly yes",
+        "  StrictHostKeyChecking yes",
+        f"  UserKnownHostsFile {ssh_dir / 'known_hosts'}",
+        "  GlobalKnownHostsFile /dev/null",
+        "  UpdateHostKeys no",
+        # Pods get new IPs on restart: keys are pinned to the workers' stable names, not addresses.
+        "  CheckHostIP no",
+        "  LogLevel ERROR",
+        "  ConnectTimeout 10",
+        "  ServerAliveInterval 30",
+    ]
     return "\n".join(lines) + "\n"
 
 

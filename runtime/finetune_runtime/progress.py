@@ -41,7 +41,7 @@ def parse_line(line: str) -> dict[str, Any] | None:
     idx = line.find(PREFIX)
     if idx < 0:
         return None
-    data = json.loads(line[idx + len(PREFIX):], parse_constant=_reject_constant, parse_float=_finite_float)
+    data = json.loads(line[idx + len(PREFIX) :], parse_constant=_reject_constant, parse_float=_finite_float)
     return data if isinstance(data, dict) else None
 
 
@@ -60,7 +60,7 @@ def clean_metrics(metrics: dict[str, Any], prefix: str = "eval_") -> dict[str, f
     """`{"eval_accuracy": .9, "eval_runtime": 3}` -> `{"accuracy": .9}` (model metrics only, finite floats)."""
     out: dict[str, float] = {}
     for k, v in metrics.items():
-        name = k[len(prefix):] if k.startswith(prefix) else k
+        name = k[len(prefix) :] if k.startswith(prefix) else k
         if name in _NON_METRIC_KEYS or not isinstance(v, int | float) or isinstance(v, bool):
             continue
         if math.isfinite(float(v)):

@@ -41,8 +41,9 @@ def write_termination_message(report: dict[str, Any], path: Path) -> bool:
     mounts that file into every container; elsewhere (`ftjob run`, docker) it does not exist and nothing is
     created (as root, a new /dev/termination-log on a host would be litter)."""
     doc = {"compileCache": {**(report.get("cache") or {}), "steps": report.get("step"), "time": report.get("time")}}
-    text = json.dumps({"compileCache": {k: v for k, v in doc["compileCache"].items() if v is not None}},
-                      separators=(",", ":"))
+    text = json.dumps(
+        {"compileCache": {k: v for k, v in doc["compileCache"].items() if v is not None}}, separators=(",", ":")
+    )
     if len(text) > _LIMIT or not path.is_file():
         return False
     try:
@@ -52,8 +53,7 @@ def write_termination_message(report: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def run_relaying(argv: list[str], extra_env: dict[str, str] | None = None,
-                 termination_log: Path | None = None) -> int:
+def run_relaying(argv: list[str], extra_env: dict[str, str] | None = None, termination_log: Path | None = None) -> int:
     """Run argv with its output passed through line by line; relay the trial's report; return its exit code.
     SIGTERM/SIGINT (the kubelet stopping the pod) are forwarded to the child."""
     env = {**os.environ, **(extra_env or {})}

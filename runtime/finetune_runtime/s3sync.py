@@ -54,8 +54,10 @@ def s3_client() -> Any:
     try:
         import boto3  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError as e:
-        raise MissingStackError("FTJOB_OUTPUT_URL is set but boto3 is not installed; the finetune-operator "
-                                "images (finetune-operator/neuron, finetune-operator/xeon, ...) include it") from e
+        raise MissingStackError(
+            "FTJOB_OUTPUT_URL is set but boto3 is not installed; the finetune-operator "
+            "images (finetune-operator/neuron, finetune-operator/xeon, ...) include it"
+        ) from e
     return boto3.client("s3")
 
 
@@ -76,7 +78,7 @@ class CheckpointSync:
         root = self._ckpt_prefix()
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.url.bucket, Prefix=root):
             for obj in page.get("Contents", []):
-                name = obj["Key"][len(root):].split("/", 1)[0]
+                name = obj["Key"][len(root) :].split("/", 1)[0]
                 step = checkpoints.checkpoint_step(Path(name))
                 if step is not None:
                     found.setdefault(step, []).append(obj["Key"])
@@ -99,8 +101,9 @@ class CheckpointSync:
         try:
             self.rotate(keep_step=step)
         except Exception as e:  # old checkpoints left behind cost storage, not the run
-            log.warning("could not delete old checkpoints under %s (the pods' role needs s3:DeleteObject): %s",
-                        self.url, e)
+            log.warning(
+                "could not delete old checkpoints under %s (the pods' role needs s3:DeleteObject): %s", self.url, e
+            )
         return f"s3://{self.url.bucket}/{prefix}"
 
     def rotate(self, keep_step: int) -> list[int]:
@@ -108,15 +111,15 @@ class CheckpointSync:
         and partial uploads of an earlier life of the job. Each loses its marker first, so a deletion cut off
         half-way never leaves something that looks complete."""
         found = self.remote_checkpoints()
-        kept = set(self.complete_steps(found)[-self.keep:]) | {keep_step}
+        kept = set(self.complete_steps(found)[-self.keep :]) | {keep_step}
         gone = sorted(s for s in found if s not in kept)
         for s in gone:
             marker = self._ckpt_prefix(s) + checkpoints.COMPLETE_MARKER
             keys = sorted(found[s], key=lambda k: k != marker)
             for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
-                self.client.delete_objects(Bucket=self.url.bucket,
-                                           Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]],
-                                                   "Quiet": True})
+                self.client.delete_objects(
+                    Bucket=self.url.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
+                )
         return gone
 
     def restore(self, local_root: Path) -> tuple[Path, str] | None:
@@ -136,7 +139,7 @@ class CheckpointSync:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = local_root / f"{_DOWNLOAD_PREFIX}checkpoint-{step}"
         for key in found[step]:
-            dst = tmp / key[len(prefix):]
+            dst = tmp / key[len(prefix) :]
             dst.parent.mkdir(parents=True, exist_ok=True)
             self.client.download_file(self.url.bucket, key, str(dst))
         final = local_root / f"checkpoint-{step}"

@@ -10,8 +10,20 @@ from typing import Any
 
 from finetune_runtime.backends import MissingStackError, backend_from_env, plan_backend
 
-PACKAGES = ("torch", "transformers", "datasets", "accelerate", "fugashi", "unidic-lite", "numpy",
-            "torch-neuronx", "torch-xla", "intel-extension-for-pytorch", "oneccl-bind-pt", "boto3")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "datasets",
+    "accelerate",
+    "fugashi",
+    "unidic-lite",
+    "numpy",
+    "torch-neuronx",
+    "torch-xla",
+    "intel-extension-for-pytorch",
+    "oneccl-bind-pt",
+    "boto3",
+)
 SAMPLE = "この掃除機は音が静かで、とても使いやすいです。"
 
 
@@ -37,9 +49,11 @@ def run_selfcheck() -> tuple[bool, dict[str, Any]]:
         ok = False
     import torch
 
-    report["torch"] = {"cuda": torch.cuda.is_available(), "threads": torch.get_num_threads(),
-                       "bf16_cpu": bool(getattr(torch.backends, "mkldnn", None)
-                                        and torch.backends.mkldnn.is_available())}  # type: ignore[no-untyped-call,unused-ignore]
+    report["torch"] = {
+        "cuda": torch.cuda.is_available(),
+        "threads": torch.get_num_threads(),
+        "bf16_cpu": bool(getattr(torch.backends, "mkldnn", None) and torch.backends.mkldnn.is_available()),
+    }  # type: ignore[no-untyped-call,unused-ignore]
     if backend != "neuron":  # Neuron compiles with neuronx-cc, not torch.compile
         from finetune_runtime.compilecache import toolchain_problem
 

@@ -60,12 +60,19 @@ def squad_metrics(predictions: dict[str, str], references: dict[str, Sequence[st
 
 # --- features ---------------------------------------------------------------------------------------------
 
+
 def _pad_right(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "padding_side", "right") == "right")
 
 
-def _windows(examples: dict[str, list[Any]], tokenizer: Any, max_length: int, doc_stride: int, question_col: str,
-             context_col: str) -> tuple[bool, Any]:
+def _windows(
+    examples: dict[str, list[Any]],
+    tokenizer: Any,
+    max_length: int,
+    doc_stride: int,
+    question_col: str,
+    context_col: str,
+) -> tuple[bool, Any]:
     """(question, context) pairs tokenised into overlapping windows of the context, with offsets; the context
     goes second unless the tokenizer pads on the left."""
     pad_right = _pad_right(tokenizer)
@@ -84,8 +91,15 @@ def _windows(examples: dict[str, list[Any]], tokenizer: Any, max_length: int, do
     return pad_right, enc
 
 
-def prepare_train_features(examples: dict[str, list[Any]], tokenizer: Any, max_length: int, doc_stride: int,
-                           question_col: str, context_col: str, answers_col: str) -> dict[str, Any]:
+def prepare_train_features(
+    examples: dict[str, list[Any]],
+    tokenizer: Any,
+    max_length: int,
+    doc_stride: int,
+    question_col: str,
+    context_col: str,
+    answers_col: str,
+) -> dict[str, Any]:
     """Tokenise (question, context) with overflow windows; label each window with token start/end positions
     of the first answer, or the CLS position when the answer is not inside the window."""
     pad_right, enc = _windows(examples, tokenizer, max_length, doc_stride, question_col, context_col)
@@ -126,8 +140,15 @@ def prepare_train_features(examples: dict[str, list[Any]], tokenizer: Any, max_l
     return dict(enc)
 
 
-def prepare_eval_features(examples: dict[str, list[Any]], tokenizer: Any, max_length: int, doc_stride: int,
-                          question_col: str, context_col: str, id_col: str = "id") -> dict[str, Any]:
+def prepare_eval_features(
+    examples: dict[str, list[Any]],
+    tokenizer: Any,
+    max_length: int,
+    doc_stride: int,
+    question_col: str,
+    context_col: str,
+    id_col: str = "id",
+) -> dict[str, Any]:
     """Like the train features, but keep for each window its example id and the offsets of context tokens
     only (None elsewhere) so post-processing can map logits back to character spans."""
     pad_right, enc = _windows(examples, tokenizer, max_length, doc_stride, question_col, context_col)
@@ -144,9 +165,15 @@ def prepare_eval_features(examples: dict[str, list[Any]], tokenizer: Any, max_le
     return dict(enc)
 
 
-def postprocess_predictions(examples: Iterable[dict[str, Any]], features: Sequence[dict[str, Any]],
-                            start_logits: np.ndarray, end_logits: np.ndarray, context_col: str,
-                            n_best: int = 20, max_answer_length: int = 30) -> dict[str, str]:
+def postprocess_predictions(
+    examples: Iterable[dict[str, Any]],
+    features: Sequence[dict[str, Any]],
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    context_col: str,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+) -> dict[str, str]:
     """Best valid span per example over all of its windows (score = start logit + end logit)."""
     if len(features) != len(start_logits):
         raise ValueError(f"{len(features)} features but {len(start_logits)} logit rows")
@@ -160,8 +187,8 @@ def postprocess_predictions(examples: Iterable[dict[str, Any]], features: Sequen
         for fi in by_example.get(ex["id"], []):
             offsets = features[fi]["offset_mapping"]
             s_log, e_log = start_logits[fi], end_logits[fi]
-            s_idx = np.argsort(s_log)[-1:-n_best - 1:-1]
-            e_idx = np.argsort(e_log)[-1:-n_best - 1:-1]
+            s_idx = np.argsort(s_log)[-1 : -n_best - 1 : -1]
+            e_idx = np.argsort(e_log)[-1 : -n_best - 1 : -1]
             for s in s_idx:
                 for e in e_idx:
                     if s >= len(offsets) or e >= len(offsets) or offsets[s] is None or offsets[e] is None:
@@ -171,6 +198,6 @@ def postprocess_predictions(examples: Iterable[dict[str, Any]], features: Sequen
                     score = float(s_log[s] + e_log[e])
                     if score > best_score:
                         best_score = score
-                        best_text = context[offsets[s][0]:offsets[e][1]]
+                        best_text = context[offsets[s][0] : offsets[e][1]]
         out[ex["id"]] = best_text
     return out

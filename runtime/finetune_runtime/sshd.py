@@ -18,8 +18,14 @@ log = logging.getLogger("finetune_runtime")
 
 DEFAULT_SECRET_DIR = "/etc/ftjob/ssh"
 DEFAULT_HOME = "/home/ftjob"  # the image user's home (images/common/add-user.sh)
-KEY_MODES = {"id_ed25519": 0o600, "id_ed25519.pub": 0o644, "known_hosts": 0o644, "authorized_keys": 0o600,
-             "ssh_host_ed25519_key": 0o600, "ssh_host_ed25519_key.pub": 0o644}
+KEY_MODES = {
+    "id_ed25519": 0o600,
+    "id_ed25519.pub": 0o644,
+    "known_hosts": 0o644,
+    "authorized_keys": 0o600,
+    "ssh_host_ed25519_key": 0o600,
+    "ssh_host_ed25519_key.pub": 0o644,
+}
 # What each role's part of the Secret must hold (the operator mounts only these: constants.SSH_*_KEYS). The
 # launcher checks the workers' host key against known_hosts; workers hold no client private key.
 LAUNCHER_KEYS = ("id_ed25519", "known_hosts")
@@ -52,22 +58,27 @@ def install_keys(secret_dir: Path, ssh_dir: Path, required: tuple[str, ...]) -> 
 
 
 def sshd_config(ssh_dir: Path, port: str, strict_modes: bool = True) -> str:
-    return "\n".join([
-        f"Port {port}",
-        f"HostKey {ssh_dir / 'ssh_host_ed25519_key'}",
-        f"AuthorizedKeysFile {ssh_dir / 'authorized_keys'}",
-        f"PidFile {ssh_dir / 'sshd.pid'}",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "PubkeyAuthentication yes",
-        # Non-root sshd cannot use PAM or privilege separation; it can only log in as its own user.
-        "UsePAM no",
-        f"StrictModes {'yes' if strict_modes else 'no'}",
-        "PermitUserEnvironment no",
-        "PrintMotd no",
-        "AcceptEnv FTJOB_* OMP_* KMP_* CCL_* FI_* NEURON_* I_MPI_*",
-        "LogLevel INFO",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                f"Port {port}",
+                f"HostKey {ssh_dir / 'ssh_host_ed25519_key'}",
+                f"AuthorizedKeysFile {ssh_dir / 'authorized_keys'}",
+                f"PidFile {ssh_dir / 'sshd.pid'}",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PubkeyAuthentication yes",
+                # Non-root sshd cannot use PAM or privilege separation; it can only log in as its own user.
+                "UsePAM no",
+                f"StrictModes {'yes' if strict_modes else 'no'}",
+                "PermitUserEnvironment no",
+                "PrintMotd no",
+                "AcceptEnv FTJOB_* OMP_* KMP_* CCL_* FI_* NEURON_* I_MPI_*",
+                "LogLevel INFO",
+            ]
+        )
+        + "\n"
+    )
 
 
 def sshd_plan(ssh_dir: Path) -> tuple[list[str], Path]:
@@ -90,8 +101,12 @@ def secure_parent(ssh_dir: Path) -> bool:
         os.chmod(home, mode & ~0o022)
         return True
     except PermissionError:
-        log.warning("sshd: %s is group/world-writable and not ours to chmod (an emptyDir home): "
-                    "StrictModes off; the keys stay private in %s", home, ssh_dir)
+        log.warning(
+            "sshd: %s is group/world-writable and not ours to chmod (an emptyDir home): "
+            "StrictModes off; the keys stay private in %s",
+            home,
+            ssh_dir,
+        )
         return False
 
 

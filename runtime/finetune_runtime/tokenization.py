@@ -29,8 +29,9 @@ def read_tokenizer_config(name_or_path: str) -> dict[str, Any]:
     try:
         from huggingface_hub import hf_hub_download
 
-        hub: dict[str, Any] = json.loads(Path(hf_hub_download(name_or_path, "tokenizer_config.json"))
-                                         .read_text("utf-8"))
+        hub: dict[str, Any] = json.loads(
+            Path(hf_hub_download(name_or_path, "tokenizer_config.json")).read_text("utf-8")
+        )
         return hub
     except Exception as e:  # the tokenizer load below reports the real problem
         log.debug("no tokenizer_config.json for %s: %s", name_or_path, e)

@@ -48,8 +48,7 @@ class Paths:
 
 
 def setup_logging(info: DistInfo) -> None:
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {info.rank}] %(name)s: %(message)s",
-                        force=True)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [rank {info.rank}] %(name)s: %(message)s", force=True)
     if not info.is_main:
         # Other ranks print only warnings; the rank-0 log is the one people (and the operator) read.
         logging.getLogger().setLevel(logging.WARNING)
@@ -71,8 +70,9 @@ def set_cache_env(paths: Paths, plan: BackendPlan, use_compile: bool) -> None:
         os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
 
 
-def training_arguments(cfg: JobConfig, plan: BackendPlan, info: DistInfo, out_dir: Path, precompile: bool,
-                       precompile_steps: int) -> Any:
+def training_arguments(
+    cfg: JobConfig, plan: BackendPlan, info: DistInfo, out_dir: Path, precompile: bool, precompile_steps: int
+) -> Any:
     from transformers import TrainingArguments
 
     t = cfg.training
@@ -132,11 +132,14 @@ def make_optimizer(model: Any, cfg: JobConfig) -> Any:
     for n, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "LayerNorm" in n or n.endswith(".bias") else decay).append(p)
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.training.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.training.learning_rate)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.training.learning_rate,
+    )
 
 
 # --- output upload ----------------------------------------------------------------------------------------
+
 
 def s3_keys(local_root: Path, url: str) -> list[tuple[Path, str, str]]:
     """(file, bucket, key) for each final artefact (model/, model-merged/, metrics.json, predictions.json) under an
@@ -156,8 +159,10 @@ def upload(local_root: Path, url: str) -> None:
     try:
         import boto3  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError as e:
-        raise MissingStackError("FTJOB_OUTPUT_URL is set but boto3 is not installed; the finetune-operator "
-                                "images (finetune-operator/neuron, finetune-operator/xeon, ...) include it") from e
+        raise MissingStackError(
+            "FTJOB_OUTPUT_URL is set but boto3 is not installed; the finetune-operator "
+            "images (finetune-operator/neuron, finetune-operator/xeon, ...) include it"
+        ) from e
     client = boto3.client("s3")
     for f, bucket, key in s3_keys(local_root, url):
         client.upload_file(str(f), bucket, key)
@@ -165,6 +170,7 @@ def upload(local_root: Path, url: str) -> None:
 
 
 # --- main -------------------------------------------------------------------------------------------------
+
 
 def run_worker() -> int:
     """One training process. On success every rank meets at a barrier and the process group is torn down
@@ -205,8 +211,17 @@ def _run_worker() -> int:
             log.error("%s", problem)
             return 2
     emitter = ProgressEmitter(info.is_main)
-    log.info("job %s/%s: %s on %s, rank %d of %d (%s), mode %s", cfg.namespace, cfg.job_name, task.type,
-             plan.name, info.rank, info.world_size, info.source, "precompile" if precompile else "train")
+    log.info(
+        "job %s/%s: %s on %s, rank %d of %d (%s), mode %s",
+        cfg.namespace,
+        cfg.job_name,
+        task.type,
+        plan.name,
+        info.rank,
+        info.world_size,
+        info.source,
+        "precompile" if precompile else "train",
+    )
 
     if "OMP_NUM_THREADS" not in env:
         # mpirun (unlike torchrun) leaves OMP_NUM_THREADS unset: split the cores between the local ranks
@@ -242,11 +257,17 @@ def _run_worker() -> int:
         raw = data.load_raw(task.dataset, cache_dir=os.environ.get("HF_DATASETS_CACHE"))
         return plugin.build_dataset(raw, task, tokenizer, cfg.training.seed, pad_to_max)
 
-    dsets, hit = data.load_or_build(paths.cache / "datasets", key, build,
-                                    lambda: args.main_process_first(desc="dataset preparation"))
+    dsets, hit = data.load_or_build(
+        paths.cache / "datasets", key, build, lambda: args.main_process_first(desc="dataset preparation")
+    )
     if info.is_main:
-        log.info("tokenised dataset %s (%s): %d train / %d eval rows", key, "cache hit" if hit else "built",
-                 len(dsets["train"]), len(dsets["validation"]))
+        log.info(
+            "tokenised dataset %s (%s): %d train / %d eval rows",
+            key,
+            "cache hit" if hit else "built",
+            len(dsets["train"]),
+            len(dsets["validation"]),
+        )
 
     # output.url: /output dies with the pod, so checkpoints go to (and come back from) <url>/checkpoints/.
     sync = None if precompile else s3sync.from_env(env, SAVE_TOTAL_LIMIT)
@@ -269,18 +290,28 @@ def _run_worker() -> int:
         model, opt = optimize_for_backend(plan, model, make_optimizer(model, cfg))
         optimizers = (opt, None)
 
-    callback = ProgressCallback(emitter, precompile, save_each_epoch=not precompile,
-                                on_checkpoint=sync.upload if sync is not None else None)
-    common: dict[str, Any] = {"model": model, "args": args, "train_dataset": dsets["train"],
-                              "eval_dataset": dsets["validation"], "processing_class": tokenizer,
-                              "callbacks": [callback], "optimizers": optimizers}
+    callback = ProgressCallback(
+        emitter, precompile, save_each_epoch=not precompile, on_checkpoint=sync.upload if sync is not None else None
+    )
+    common: dict[str, Any] = {
+        "model": model,
+        "args": args,
+        "train_dataset": dsets["train"],
+        "eval_dataset": dsets["validation"],
+        "processing_class": tokenizer,
+        "callbacks": [callback],
+        "optimizers": optimizers,
+    }
     trainer = plugin.trainer(task, dsets, tokenizer, common)
     if info.is_main:  # where the steps really run: the proof that a backend's device was taken up
         import torch.distributed as dist
 
-        log.info("training on %s, %s, process group %s", args.device,
-                 "bf16 weights" if plan.cast_model_bf16 else "bf16 autocast" if args.bf16 else "fp32",
-                 dist.get_backend() if dist.is_initialized() else "none")
+        log.info(
+            "training on %s, %s, process group %s",
+            args.device,
+            "bf16 weights" if plan.cast_model_bf16 else "bf16 autocast" if args.bf16 else "fp32",
+            dist.get_backend() if dist.is_initialized() else "none",
+        )
 
     train_metrics: dict[str, Any] = {}
     probe = compilecache.CacheProbe(compilecache.cache_root(os.environ, plan.name)) if precompile else None
@@ -299,9 +330,17 @@ def _run_worker() -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
         assert probe is not None
         # The launcher relays this record to the pod's termination message, whence status.compileCache.
-        emitter.emit("precompile", step=trainer.state.global_step, totalSteps=trainer.state.max_steps,
-                     complete=True, cacheDir=os.environ.get("NEURON_COMPILE_CACHE_URL") if plan.name == "neuron"
-                     else os.environ.get("TORCHINDUCTOR_CACHE_DIR"), cache=probe.report(), time=utc_now())
+        emitter.emit(
+            "precompile",
+            step=trainer.state.global_step,
+            totalSteps=trainer.state.max_steps,
+            complete=True,
+            cacheDir=os.environ.get("NEURON_COMPILE_CACHE_URL")
+            if plan.name == "neuron"
+            else os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+            cache=probe.report(),
+            time=utc_now(),
+        )
         return 0
 
     # The epoch schedule usually evaluated the final step already; evaluate again only when it did not.
@@ -312,18 +351,31 @@ def _run_worker() -> int:
     final = clean_metrics(eval_metrics)
     if trainer.is_world_process_zero():
         plugin.save(trainer, tokenizer, paths.model, task)
-        metrics_doc = {"eval": final, "train": clean_metrics(train_metrics, prefix="train_"),
-                       "globalStep": trainer.state.global_step, "task": task.type, "model": task.model,
-                       "backend": plan.name, "worldSize": info.world_size,
-                       "trainRows": len(dsets["train"]), "evalRows": len(dsets["validation"]),
-                       "resumedFrom": str(resume) if resume else None,
-                       "resumedFromUrl": restored[1] if restored and restored[0] == resume else None}
+        metrics_doc = {
+            "eval": final,
+            "train": clean_metrics(train_metrics, prefix="train_"),
+            "globalStep": trainer.state.global_step,
+            "task": task.type,
+            "model": task.model,
+            "backend": plan.name,
+            "worldSize": info.world_size,
+            "trainRows": len(dsets["train"]),
+            "evalRows": len(dsets["validation"]),
+            "resumedFrom": str(resume) if resume else None,
+            "resumedFromUrl": restored[1] if restored and restored[0] == resume else None,
+        }
         (paths.output / "metrics.json").write_text(json.dumps(metrics_doc, indent=2, ensure_ascii=False) + "\n")
         preds = plugin.predictions(paths.model, task, dsets)
         (paths.output / "predictions.json").write_text(json.dumps(preds, indent=2, ensure_ascii=False) + "\n")
         url = env.get("FTJOB_OUTPUT_URL")
         if url:
             upload(paths.output, url)
-        emitter.emit("done", step=trainer.state.global_step, totalSteps=trainer.state.max_steps, metrics=final,
-                     outputDir=url or str(paths.output), time=utc_now())
+        emitter.emit(
+            "done",
+            step=trainer.state.global_step,
+            totalSteps=trainer.state.max_steps,
+            metrics=final,
+            outputDir=url or str(paths.output),
+            time=utc_now(),
+        )
     return 0

@@ -57,8 +57,9 @@ def build_vocab(texts: Iterable[str], lang: str, vocab_size: int) -> list[str]:
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         corpus = texts
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=1,
-                                        continuing_subword_prefix="##")
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=1, continuing_subword_prefix="##"
+    )
     tok.train_from_iterator(corpus, trainer=trainer)
     vocab = tok.get_vocab()
     return [w for w, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
@@ -76,7 +77,12 @@ def build_bpe(texts: Iterable[str], vocab_size: int) -> Any:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=BPE_SPECIAL_TOKENS, min_frequency=1,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=BPE_SPECIAL_TOKENS,
+        min_frequency=1,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Probe:
-    kind: str    # "dns", "tcp" or "ssh"
+    kind: str  # "dns", "tcp" or "ssh"
     host: str
     port: int | None = None
 
@@ -45,8 +45,13 @@ def check(probe: Probe, timeout: float = 3.0) -> str | None:
         return f"not reachable ({e.strerror or e})"
 
 
-def wait_for(probes: list[Probe], timeout_s: float, interval_s: float = 1.0,
-             log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> bool:
+def wait_for(
+    probes: list[Probe],
+    timeout_s: float,
+    interval_s: float = 1.0,
+    log: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
     """Poll until every probe passes or the deadline expires; report what is still missing either way."""
     deadline = clock() + timeout_s
     pending = list(probes)

@@ -19,8 +19,22 @@ DASHBOARD = CHART / "dashboards" / "finetune-operator.json"
 CONFIGMAP = "finetune-operator-dashboard"
 
 # PromQL words that are not metric names (operators, modifiers, grouping) and literals.
-_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left",
-             "group_right", "inf", "nan", "atan2"}
+_KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "inf",
+    "nan",
+    "atan2",
+}
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 _SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)?\s*\{([^}]*)\}")
 
@@ -46,8 +60,11 @@ def metric_names(expr: str) -> set[str]:
 def label_names(expr: str) -> set[str]:
     """Label names the expression matches on (selectors) or groups by."""
     stripped = _strip(expr)
-    out = {m.group(1) for sel in _SELECTOR.finditer(stripped)
-           for m in re.finditer(r"([A-Za-z_]\w*)\s*(=~|!~|!=|=)", sel.group(2))}
+    out = {
+        m.group(1)
+        for sel in _SELECTOR.finditer(stripped)
+        for m in re.finditer(r"([A-Za-z_]\w*)\s*(=~|!~|!=|=)", sel.group(2))
+    }
     for m in _GROUPING.finditer(stripped):
         out |= {w.strip() for w in m.group(2).split(",") if w.strip()}
     return out
@@ -86,8 +103,12 @@ def exported_labels() -> dict[str, set[str]]:
     metrics.set_job_progress("ns", "j", {"event": "train", "step": 1, "totalSteps": 4, "samplesPerSecond": 2.0})
     metrics.TRANSITIONS.labels(phase="Running", reason="Started")
     try:
-        return {s.name: set(s.labels) for fam in REGISTRY.collect() for s in fam.samples
-                if s.name.startswith("finetune_operator_")}
+        return {
+            s.name: set(s.labels)
+            for fam in REGISTRY.collect()
+            for s in fam.samples
+            if s.name.startswith("finetune_operator_")
+        }
     finally:
         metrics.clear_job("ns", "j")
 
@@ -120,21 +141,28 @@ def test_dashboard_is_shipped_for_the_sidecar_when_enabled(render: Renderer) -> 
 
 
 def test_dashboard_label_namespace_and_annotations_are_configurable(render: Renderer) -> None:
-    values = Values().grafana_dashboard(label="grafana.com/dashboard", labelValue="training", namespace="monitoring",
-                                        annotations={"grafana_folder": "Training"})
+    values = Values().grafana_dashboard(
+        label="grafana.com/dashboard",
+        labelValue="training",
+        namespace="monitoring",
+        annotations={"grafana_folder": "Training"},
+    )
     cm = one(render(values), "ConfigMap", CONFIGMAP, "monitoring")
     assert cm["metadata"]["labels"]["grafana.com/dashboard"] == "training"
     assert "grafana_dashboard" not in cm["metadata"]["labels"]
     assert cm["metadata"]["annotations"] == {"grafana_folder": "Training"}
 
 
-@pytest.mark.parametrize(("values", "path"), [
-    ({"labelValue": 1}, "/grafanaDashboard/labelValue"),
-    ({"label": "not a label"}, "/grafanaDashboard/label"),
-    ({"namespace": "Monitoring"}, "/grafanaDashboard/namespace"),
-    ({"enabled": "true"}, "/grafanaDashboard/enabled"),
-    ({"folder": "Training"}, "/grafanaDashboard"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("values", "path"),
+    [
+        ({"labelValue": 1}, "/grafanaDashboard/labelValue"),
+        ({"label": "not a label"}, "/grafanaDashboard/label"),
+        ({"namespace": "Monitoring"}, "/grafanaDashboard/namespace"),
+        ({"enabled": "true"}, "/grafanaDashboard/enabled"),
+        ({"folder": "Training"}, "/grafanaDashboard"),
+    ],
+)
 def test_bad_dashboard_values_are_rejected(render: Renderer, values: dict[str, Any], path: str) -> None:
     result = render.run(Values().grafana_dashboard(**values))
     assert result.returncode != 0 and path in result.stderr, result.stderr

@@ -91,8 +91,14 @@ def data_blocks(text: str) -> dict[str, tuple[str, str]]:
 @pytest.fixture(scope="module")
 def files() -> dict[str, str]:
     found = heredocs()
-    expected = {"cluster.yaml", "efs-sc.yaml", "claims.yaml", "s3-policy.json", "values-eks.yaml",
-                "bert-ja-trn1-2x32.yaml"}  # fmt: skip
+    expected = {
+        "cluster.yaml",
+        "efs-sc.yaml",
+        "claims.yaml",
+        "s3-policy.json",
+        "values-eks.yaml",
+        "bert-ja-trn1-2x32.yaml",
+    }
     assert expected <= set(found), f"docs/eks.md no longer writes {expected - set(found)}"
     return found
 
@@ -117,8 +123,13 @@ def eksctl_errors(obj: Manifest) -> list[str]:
 
 def finetunejob_errors(obj: Manifest) -> list[str]:
     ftjob = Path(sys.executable).with_name("ftjob")
-    out = subprocess.run([str(ftjob), "render", "-f", "-", "-n", "ml"], input=yaml.safe_dump(obj),
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [str(ftjob), "render", "-f", "-", "-n", "ml"],
+        input=yaml.safe_dump(obj),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return [] if out.returncode == 0 else [out.stderr.strip()]
 
 
@@ -280,13 +291,17 @@ def test_efa_plugin_patch_is_a_valid_daemonset_that_reaches_every_efa_group(
     patch = efa_plugin_patch()
     tolerations = patch["spec"]["template"]["spec"]["tolerations"]
     daemonset = {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
         "metadata": {"name": "aws-efa-k8s-device-plugin", "namespace": "kube-system"},
-        "spec": {"selector": {"matchLabels": {"name": "aws-efa-k8s-device-plugin"}},
-                 "template": {"metadata": {"labels": {"name": "aws-efa-k8s-device-plugin"}},
-                              "spec": {"containers": [{"name": "plugin", "image": "plugin"}],
-                                       "tolerations": tolerations}}},
-    }  # fmt: skip
+        "spec": {
+            "selector": {"matchLabels": {"name": "aws-efa-k8s-device-plugin"}},
+            "template": {
+                "metadata": {"labels": {"name": "aws-efa-k8s-device-plugin"}},
+                "spec": {"containers": [{"name": "plugin", "image": "plugin"}], "tolerations": tolerations},
+            },
+        },
+    }
     kubernetes_validate.validate(daemonset, k8s_version, strict=True)
     keys = {t["key"] for t in tolerations}
     assert {"CriticalAddonsOnly", "aws.amazon.com/efa"} <= keys  # eksctl's own, which the list replaces
@@ -312,8 +327,9 @@ def reserved_hugepages_mib(group: dict[str, Any]) -> int:
 
 def render_pods(job_yaml: str) -> list[Manifest]:
     ftjob = Path(sys.executable).with_name("ftjob")
-    out = subprocess.run([str(ftjob), "render", "-f", "-", "-n", "ml"], input=job_yaml, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [str(ftjob), "render", "-f", "-", "-n", "ml"], input=job_yaml, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return [o for o in load_all(out.stdout) if o["kind"] == "Pod"]
 
@@ -378,8 +394,10 @@ def test_values_file_renders_the_chart_in_namespaced_mode(files: dict[str, str],
     values.write_text(files["values-eks.yaml"])
     out = subprocess.run(
         [helm, "template", RELEASE, str(CHART), "-n", "finetune-operator", "-f", str(values)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     objs = load_all(out.stdout)
     ecr = EXAMPLE_ENV["ECR"]
@@ -415,8 +433,9 @@ def test_claims_match_what_the_samples_and_the_chart_use(files: dict[str, str]) 
 
 def test_s3_policy_is_json_for_the_bucket(files: dict[str, str]) -> None:
     policy = json.loads(files["s3-policy.json"])
-    resources = {r for s in policy["Statement"] for r in ([s["Resource"]] if isinstance(s["Resource"], str)
-                                                          else s["Resource"])}  # fmt: skip
+    resources = {
+        r for s in policy["Statement"] for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])
+    }
     assert resources == {f"arn:aws:s3:::{EXAMPLE_ENV['BUCKET']}", f"arn:aws:s3:::{EXAMPLE_ENV['BUCKET']}/*"}
 
 

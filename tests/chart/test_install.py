@@ -50,8 +50,11 @@ class Kubectl:
     def __call__(self, *args: str, input: str | None = None, check: bool = True) -> str:
         proc = subprocess.run(
             [self.binary, f"--kubeconfig={self.kubeconfig}", *args],
-            input=input, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed:\n{proc.stderr}")
         return proc.stdout
@@ -60,8 +63,10 @@ class Kubectl:
         """The object as a dict, or None when it does not exist; any other error fails the test."""
         proc = subprocess.run(
             [self.binary, f"--kubeconfig={self.kubeconfig}", "get", *args, "-o", "yaml"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if proc.returncode != 0:
             if "NotFound" in proc.stderr or "not found" in proc.stderr:
                 return None
@@ -137,10 +142,21 @@ def installed(request: pytest.FixtureRequest, kubectl: Kubectl, helm: str) -> It
         kubectl("create", "namespace", ns)
     kubectl("label", "namespace", release_ns, "pod-security.kubernetes.io/enforce=restricted")
     cmd = [
-        helm, "install", RELEASE, str(CHART), "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns,
-        "--set", "cachePVC.create=true", "--set", "networkPolicy.enabled=true",
-        "--set", f"runtimeImages.cpu={CPU_IMAGE}",
-    ]  # fmt: skip
+        helm,
+        "install",
+        RELEASE,
+        str(CHART),
+        "--kubeconfig",
+        str(kubectl.kubeconfig),
+        "-n",
+        release_ns,
+        "--set",
+        "cachePVC.create=true",
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        f"runtimeImages.cpu={CPU_IMAGE}",
+    ]
     if mode == "namespaced":
         cmd += ["--set", f"watchNamespaces={{{jobs_ns}}}"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -148,8 +164,12 @@ def installed(request: pytest.FixtureRequest, kubectl: Kubectl, helm: str) -> It
     try:
         yield {"mode": mode, "release": release_ns, "jobs": jobs_ns, "notes": out.stdout}
     finally:
-        subprocess.run([helm, "uninstall", RELEASE, "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns],
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+        subprocess.run(
+            [helm, "uninstall", RELEASE, "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         # No kubelet confirms graceful pod deletion here: remove pods at once, then the namespaces.
         for ns in (jobs_ns, release_ns):
             kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=0", "--force", check=False)
@@ -188,19 +208,32 @@ OPERATOR_CAN = [
     ("patch", "finetunejobs.finetune.dev/status"),  # resource/subresource
     *[(v, "pods") for v in ("get", "list", "watch", "create", "delete")],
     *[(v, r) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create")],
-    ("get", "secrets"), ("create", "secrets"),
+    ("get", "secrets"),
+    ("create", "secrets"),
     ("get", "pods/log"),
     *[(v, "events") for v in ("create", "patch")],
     # Installed with networkPolicy.enabled: one NetworkPolicy per job.
     *[(v, "networkpolicies.networking.k8s.io") for v in ("get", "list", "watch", "create")],
 ]
 # What it must not be able to do there: least privilege, not just enough privilege.
-OPERATOR_CANNOT = [("create", "finetunejobs.finetune.dev"), ("update", "finetunejobs.finetune.dev"),
-                   ("update", "pods"), ("patch", "pods"), ("patch", "secrets"), ("create", "pods/exec"),
-                   ("list", "secrets"), ("watch", "secrets"), ("delete", "secrets"), ("delete", "configmaps"),
-                   ("delete", "services"), ("delete", "networkpolicies.networking.k8s.io"),
-                   ("update", "finetunejobs.finetune.dev/status"), ("create", "events.events.k8s.io"),
-                   ("create", "deployments.apps"), ("create", "roles.rbac.authorization.k8s.io")]  # fmt: skip
+OPERATOR_CANNOT = [
+    ("create", "finetunejobs.finetune.dev"),
+    ("update", "finetunejobs.finetune.dev"),
+    ("update", "pods"),
+    ("patch", "pods"),
+    ("patch", "secrets"),
+    ("create", "pods/exec"),
+    ("list", "secrets"),
+    ("watch", "secrets"),
+    ("delete", "secrets"),
+    ("delete", "configmaps"),
+    ("delete", "services"),
+    ("delete", "networkpolicies.networking.k8s.io"),
+    ("update", "finetunejobs.finetune.dev/status"),
+    ("create", "events.events.k8s.io"),
+    ("create", "deployments.apps"),
+    ("create", "roles.rbac.authorization.k8s.io"),
+]
 
 
 def can_i(kubectl: Kubectl, sa: str) -> Callable[..., bool]:
@@ -276,18 +309,19 @@ def operator(kubectl: Kubectl, installed: dict[str, str]) -> Iterator[dict[str, 
     ftjob = str(Path(sys.executable).with_name(container["command"][0]))
     log = (work / "operator.log").open("w")
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    proc = subprocess.Popen([ftjob, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen([ftjob, *args], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        yield {"args": args, "health": health_port, "metrics": metrics_port, "log": work / "operator.log",
-               "proc": proc}  # fmt: skip
+        yield {"args": args, "health": health_port, "metrics": metrics_port, "log": work / "operator.log", "proc": proc}
     finally:
         # Deleted while the operator still runs, so kopf removes its finalizers and nothing is left behind
         # for the next mode's operator to pick up.
         kubectl("delete", "finetunejobs", "--all", "-n", installed["jobs"], "--wait=false", check=False)
         with contextlib.suppress(Exception):
-            wait_for(lambda: not (kubectl.get("finetunejobs", "-n", installed["jobs"]) or {}).get("items"),
-                     timeout=60, message="FineTuneJobs deleted")  # fmt: skip
+            wait_for(
+                lambda: not (kubectl.get("finetunejobs", "-n", installed["jobs"]) or {}).get("items"),
+                timeout=60,
+                message="FineTuneJobs deleted",
+            )
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -328,13 +362,24 @@ def test_operator_serves_health_and_metrics(operator: dict[str, Any], installed:
 @pytest.mark.parametrize(
     ("sample", "children"),
     [
-        ("cpu-bert-ja.yaml", ["Service/{job}", "ConfigMap/{job}-config", "NetworkPolicy/{job}",
-                              "Pod/{job}-rank-0", "Pod/{job}-rank-1"]),
-        ("cpu-distilbert-squad-mpi.yaml", ["Service/{job}", "ConfigMap/{job}-config", "Secret/{job}-ssh",
-                                           "NetworkPolicy/{job}", "Pod/{job}-launcher", "Pod/{job}-worker-0",
-                                           "Pod/{job}-worker-1"]),
+        (
+            "cpu-bert-ja.yaml",
+            ["Service/{job}", "ConfigMap/{job}-config", "NetworkPolicy/{job}", "Pod/{job}-rank-0", "Pod/{job}-rank-1"],
+        ),
+        (
+            "cpu-distilbert-squad-mpi.yaml",
+            [
+                "Service/{job}",
+                "ConfigMap/{job}-config",
+                "Secret/{job}-ssh",
+                "NetworkPolicy/{job}",
+                "Pod/{job}-launcher",
+                "Pod/{job}-worker-0",
+                "Pod/{job}-worker-1",
+            ],
+        ),
     ],
-)  # fmt: skip
+)
 def test_operator_reconciles_a_sample_with_the_chart_rbac(
     kubectl: Kubectl, installed: dict[str, str], operator: dict[str, Any], sample: str, children: list[str]
 ) -> None:
@@ -380,11 +425,16 @@ def test_operator_reconciles_a_sample_with_the_chart_rbac(
 
 def test_uninstall_keeps_the_cache_claim(kubectl: Kubectl, helm: str, installed: dict[str, str]) -> None:
     release_ns, jobs_ns = installed["release"], installed["jobs"]
-    out = subprocess.run([helm, "uninstall", RELEASE, "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [helm, "uninstall", RELEASE, "--kubeconfig", str(kubectl.kubeconfig), "-n", release_ns],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
-    wait_for(lambda: kubectl.get("deployment", FULLNAME, "-n", release_ns) is None,
-             timeout=60, message="Deployment removed")  # fmt: skip
+    wait_for(
+        lambda: kubectl.get("deployment", FULLNAME, "-n", release_ns) is None, timeout=60, message="Deployment removed"
+    )
     claim_ns = jobs_ns if installed["mode"] == "namespaced" else release_ns
     assert kubectl.get("pvc", "finetune-cache", "-n", claim_ns), "helm.sh/resource-policy: keep was ignored"
     # The CRD stays too (Helm never deletes crds/), so existing FineTuneJobs survive an operator reinstall.
@@ -410,16 +460,20 @@ def test_kustomize_manifests_apply_to_a_real_apiserver(kubectl: Kubectl) -> None
         # Everything but the CRD, which other tests of this module share.
         kubectl("delete", "pods", "--all", "-n", "finetune-operator", "--grace-period=0", "--force", check=False)
         kubectl("delete", "namespace", "finetune-operator", "--wait=false", check=False)
-        kubectl("delete", "clusterrolebinding,clusterrole", "finetune-operator", "finetune-operator-cluster",
-                check=False)  # fmt: skip
+        kubectl(
+            "delete", "clusterrolebinding,clusterrole", "finetune-operator", "finetune-operator-cluster", check=False
+        )
 
 
 def test_namespaced_overlay_confines_the_operator_to_its_namespace(kubectl: Kubectl) -> None:
     """`kubectl apply -k manifests/overlays/namespaced/`: the operator's ServiceAccount may run jobs in ml-team
     and nowhere else, and the Deployment tells kopf to watch only ml-team."""
     # The previous test's namespace of the same name may still be terminating.
-    wait_for(lambda: kubectl.get("namespace", "finetune-operator") is None, timeout=120,
-             message="namespace finetune-operator gone before re-creating it")  # fmt: skip
+    wait_for(
+        lambda: kubectl.get("namespace", "finetune-operator") is None,
+        timeout=120,
+        message="namespace finetune-operator gone before re-creating it",
+    )
     kubectl("apply", "--server-side", "--force-conflicts", "-k", str(REPO / "manifests" / "overlays" / "namespaced"))
     try:
         can = can_i(kubectl, "system:serviceaccount:finetune-operator:finetune-operator")
@@ -436,5 +490,6 @@ def test_namespaced_overlay_confines_the_operator_to_its_namespace(kubectl: Kube
         assert "--namespace=ml-team" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     finally:
         kubectl("delete", "namespace", "finetune-operator", "ml-team", "--wait=false", check=False)
-        kubectl("delete", "clusterrolebinding,clusterrole", "finetune-operator", "finetune-operator-cluster",
-                check=False)  # fmt: skip
+        kubectl(
+            "delete", "clusterrolebinding,clusterrole", "finetune-operator", "finetune-operator-cluster", check=False
+        )

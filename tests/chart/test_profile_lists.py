@@ -76,7 +76,7 @@ def test_crd_enum_and_description_name_every_profile() -> None:
 @pytest.mark.parametrize("doc", ["README.md"])
 def test_profile_tables_have_a_row_for_every_profile(doc: str) -> None:
     text = (ROOT / doc).read_text()
-    table = text[text.index("## What it derives, per profile"):]
+    table = text[text.index("## What it derives, per profile") :]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     named = {m for row in rows for m in re.findall(r"`([a-z0-9-]+)`", row.split("|")[1])}
     assert named >= set(PROFILE_FILES), f"{doc}: no row for {sorted(set(PROFILE_FILES) - named)}"

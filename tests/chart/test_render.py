@@ -67,8 +67,15 @@ def bound_subjects(binding: Manifest) -> list[tuple[str, str, str]]:
 def test_helm_lint_default_and_all_features(helm: str, tmp_path: Any) -> None:
     values = tmp_path / "all.yaml"
     values.write_text(
-        yaml.safe_dump(Values().namespaced("team-a", "team-b").cache_pvc().service_monitor().network_policy()
-                       .grafana_dashboard().data)
+        yaml.safe_dump(
+            Values()
+            .namespaced("team-a", "team-b")
+            .cache_pvc()
+            .service_monitor()
+            .network_policy()
+            .grafana_dashboard()
+            .data
+        )
     )
     for extra in ([], ["-f", str(values)]):
         out = subprocess.run(
@@ -100,8 +107,16 @@ def test_deployment_meets_restricted_pod_security(render: Renderer) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
     # Restricted allows only these volume types; a hostPath would break it.
-    allowed = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-               "projected", "secret"}  # fmt: skip
+    allowed = {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
     for volume in pod["volumes"]:
         assert set(volume) - {"name"} <= allowed, volume
     for container in pod["containers"] + pod.get("initContainers", []):
@@ -279,8 +294,13 @@ def test_network_policy_is_made_per_job_by_the_operator(render: Renderer) -> Non
     assert config["networkPolicy"] == {"enabled": True, "extraIngress": [extra]}
     for role in find(objs, "Role"):
         rule = [r for r in role["rules"] if r["apiGroups"] == ["networking.k8s.io"]]
-        assert rule == [{"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
-                         "verbs": ["get", "list", "watch", "create"]}]  # fmt: skip
+        assert rule == [
+            {
+                "apiGroups": ["networking.k8s.io"],
+                "resources": ["networkpolicies"],
+                "verbs": ["get", "list", "watch", "create"],
+            }
+        ]
 
 
 def test_network_policy_off_grants_nothing_for_it(render: Renderer) -> None:
@@ -296,8 +316,11 @@ def test_allowlists_reach_the_operator_config_and_load_there(render: Renderer, t
     from finetune_operator.cli import load_config
 
     assert "policy" not in operator_config(render(Values()))  # empty lists: no policy block at all
-    policy = {"allowedImages": ["registry.example.com/team/*"], "allowedServiceAccounts": ["trainer"],
-              "allowedSecrets": []}
+    policy = {
+        "allowedImages": ["registry.example.com/team/*"],
+        "allowedServiceAccounts": ["trainer"],
+        "allowedSecrets": [],
+    }
     config = operator_config(render(Values().set({"policy": policy})))
     assert config["policy"] == policy
     path = tmp_path / "config.yaml"
@@ -341,10 +364,24 @@ def test_non_default_operator_settings(render: Renderer) -> None:
 
 def test_notes_name_the_mode_and_the_namespaces(helm: str) -> None:
     out = subprocess.run(
-        [helm, "install", "--dry-run=client", RELEASE, str(CHART), "-n", "ops",
-         "--set", "watchNamespaces={team-a,team-b}", "--set", "cachePVC.create=true"],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        [
+            helm,
+            "install",
+            "--dry-run=client",
+            RELEASE,
+            str(CHART),
+            "-n",
+            "ops",
+            "--set",
+            "watchNamespaces={team-a,team-b}",
+            "--set",
+            "cachePVC.create=true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     notes = out.stdout.split("NOTES:", 1)[1]
     assert "Mode: namespaced. FineTuneJobs are handled only in: team-a, team-b." in notes
     assert "kubectl -n ops rollout status deployment/finetune-operator" in notes

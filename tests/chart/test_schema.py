@@ -45,8 +45,11 @@ BAD_VALUES: list[tuple[str, Values, str]] = [
     ),
     ("flag as a string", Values().set({"networkPolicy": {"enabled": "yes"}}), "/networkPolicy/enabled"),
     ("allowlist as a string", Values().set({"policy": {"allowedImages": "registry/*"}}), "/policy/allowedImages"),
-    ("empty allowlist entry", Values().set({"policy": {"allowedServiceAccounts": [""]}}),
-     "/policy/allowedServiceAccounts"),
+    (
+        "empty allowlist entry",
+        Values().set({"policy": {"allowedServiceAccounts": [""]}}),
+        "/policy/allowedServiceAccounts",
+    ),
     ("unknown allowlist", Values().set({"policy": {"allowedNamespaces": ["a"]}}), "/policy"),
     (
         "pull secret shape",
@@ -72,11 +75,17 @@ GOOD_VALUES: list[tuple[str, Values]] = [
     ("ECR image with a tag", Values().set({"runtimeImages": {"trn1": ECR + "/ft/neuron:sdk2.31"}})),
     ("digest", Values().set({"runtimeImages": {"cpu": "localhost:5000/ft/cpu@sha256:" + "a" * 64}})),
     ("RWX among others", Values().cache_pvc(accessModes=["ReadWriteOnce", "ReadWriteMany"], size="1.5Ti")),
-    ("allowlists", Values().set({"policy": {"allowedImages": [ECR + "/ft/*"], "allowedServiceAccounts": ["s3"],
-                                             "allowedSecrets": ["hf-*"]}})),
-    ("everything on", Values().namespaced("a", "b-2").cache_pvc().service_monitor().network_policy()
-                      .grafana_dashboard()),
-]  # fmt: skip
+    (
+        "allowlists",
+        Values().set(
+            {"policy": {"allowedImages": [ECR + "/ft/*"], "allowedServiceAccounts": ["s3"], "allowedSecrets": ["hf-*"]}}
+        ),
+    ),
+    (
+        "everything on",
+        Values().namespaced("a", "b-2").cache_pvc().service_monitor().network_policy().grafana_dashboard(),
+    ),
+]
 
 
 @pytest.mark.parametrize(("case", "values"), GOOD_VALUES, ids=[c[0] for c in GOOD_VALUES])

@@ -68,8 +68,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         raise
     _note(request.session, f"control plane {bins.K8S_VERSION} up in {local.startup_seconds:.1f} s")
     try:
-        yield Cluster(kubeconfig=local.kubeconfig, server=local.server, local=True, logs=local.logs(),
-                      pki=local.directory / "pki")
+        yield Cluster(
+            kubeconfig=local.kubeconfig, server=local.server, local=True, logs=local.logs(), pki=local.directory / "pki"
+        )
     finally:
         keep = request.session.stash.get(_FAILED, False)
         local.stop(keep_directory=keep)

@@ -36,7 +36,8 @@ def get_job(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any] | 
     """The FineTuneJob as the API server holds it; None when there is none."""
     try:
         obj: dict[str, Any] = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
-            *API, ns, "finetunejobs", name)
+            *API, ns, "finetunejobs", name
+        )
         return obj
     except ApiException as e:
         if e.status == 404:
@@ -70,18 +71,33 @@ def free_port() -> int:
 
 
 def install_crd(kubectl: Callable[..., Any], wait_for: Callable[..., Any]) -> None:
-    crd = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "crd"], capture_output=True, text=True,
-                         check=True).stdout
+    crd = subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", "crd"], capture_output=True, text=True, check=True
+    ).stdout
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crd)
     # `kubectl wait` fails at once (not waits) while the new CRD has no status.conditions yet: poll it.
-    wait_for(lambda: kubectl("wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=10s",
-                             check=False).returncode == 0, timeout=60, message="CRD Established")  # fmt: skip
+    wait_for(
+        lambda: (
+            kubectl(
+                "wait", "--for=condition=Established", "crd/finetunejobs.finetune.dev", "--timeout=10s", check=False
+            ).returncode
+            == 0
+        ),
+        timeout=60,
+        message="CRD Established",
+    )
     # Established comes a moment before the API server's discovery documents list the new resource.
-    wait_for(lambda: kubectl("get", "ftj", "-A", check=False).returncode == 0, timeout=60,
-             message="finetunejobs in discovery")
+    wait_for(
+        lambda: kubectl("get", "ftj", "-A", check=False).returncode == 0,
+        timeout=60,
+        message="finetunejobs in discovery",
+    )
     # ... and the schema reaches the published OpenAPI (what `kubectl explain` reads) a moment later still.
-    wait_for(lambda: kubectl("explain", "finetunejobs.spec", check=False).returncode == 0, timeout=60,
-             message="CRD schema in OpenAPI")
+    wait_for(
+        lambda: kubectl("explain", "finetunejobs.spec", check=False).returncode == 0,
+        timeout=60,
+        message="CRD schema in OpenAPI",
+    )
 
 
 @dataclass
@@ -93,20 +109,28 @@ class RunningOperator:
         """finetune_operator_reconciles_total: full passes completed so far (from /metrics)."""
         with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
             text = r.read().decode()
-        return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith("finetune_operator_reconciles_total "))  # fmt: skip
+        return sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("finetune_operator_reconciles_total ")
+        )
 
 
 @contextmanager
-def running_operator(kubeconfig: Path, wait_for: Callable[..., Any], log_path: Path,
-                     extra: list[str] | None = None) -> Iterator[RunningOperator]:
+def running_operator(
+    kubeconfig: Path, wait_for: Callable[..., Any], log_path: Path, extra: list[str] | None = None
+) -> Iterator[RunningOperator]:
     """`ftjob operator` as a subprocess (the same entry point the image runs), ready when /healthz answers."""
     health, metrics = free_port(), free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     ftjob = str(Path(sys.executable).with_name("ftjob"))
     log = log_path.open("wb")
-    proc = subprocess.Popen([ftjob, "operator", "--metrics-port", str(metrics), "--health-port", str(health),
-                             *(extra or [])], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [ftjob, "operator", "--metrics-port", str(metrics), "--health-port", str(health), *(extra or [])],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
     def healthy() -> bool:
         if proc.poll() is not None:
@@ -149,8 +173,9 @@ class Kubelet:
                     pod = ev["object"]
                     if pod.metadata.deletion_timestamp and ev["type"] != "DELETED":
                         # By uid, as a kubelet does: a new pod of the same name (the next attempt) may exist by now.
-                        only_this = client.V1DeleteOptions(grace_period_seconds=0,
-                                                           preconditions=client.V1Preconditions(uid=pod.metadata.uid))
+                        only_this = client.V1DeleteOptions(
+                            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.metadata.uid)
+                        )
                         try:
                             self.core.delete_namespaced_pod(pod.metadata.name, self.ns, body=only_this)
                         except ApiException as e:
@@ -176,19 +201,47 @@ class Kubelet:
     def live_pods(self, job: str) -> list[Any]:
         return [p for p in self.pods(job) if not p.metadata.deletion_timestamp]
 
-    def set_status(self, pod: str, phase: str, *, container: str = "trainer", exit_code: int | None = None,
-                   reason: str | None = None, message: str = "") -> None:
+    def set_status(
+        self,
+        pod: str,
+        phase: str,
+        *,
+        container: str = "trainer",
+        exit_code: int | None = None,
+        reason: str | None = None,
+        message: str = "",
+    ) -> None:
         status: dict[str, Any] = {"phase": phase}
         if phase == "Running":
-            status["containerStatuses"] = [{"name": container, "ready": True, "restartCount": 0, "image": "x",
-                                            "imageID": "", "state": {"running": {"startedAt": "2026-12-02T10:00:00Z"}}}]
+            status["containerStatuses"] = [
+                {
+                    "name": container,
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": "x",
+                    "imageID": "",
+                    "state": {"running": {"startedAt": "2026-12-02T10:00:00Z"}},
+                }
+            ]
         elif exit_code is not None:
-            status["containerStatuses"] = [{"name": container, "ready": False, "restartCount": 0, "image": "x",
-                                            "imageID": "", "state": {"terminated": {
-                                                "exitCode": exit_code, "reason": reason or "Error",
-                                                "message": message,
-                                                "startedAt": "2026-12-02T10:00:00Z",
-                                                "finishedAt": "2026-12-02T10:00:01Z"}}}]
+            status["containerStatuses"] = [
+                {
+                    "name": container,
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "x",
+                    "imageID": "",
+                    "state": {
+                        "terminated": {
+                            "exitCode": exit_code,
+                            "reason": reason or "Error",
+                            "message": message,
+                            "startedAt": "2026-12-02T10:00:00Z",
+                            "finishedAt": "2026-12-02T10:00:01Z",
+                        }
+                    },
+                }
+            ]
         self.core.patch_namespaced_pod_status(pod, self.ns, {"status": status})
 
 
@@ -249,7 +302,7 @@ class NodeLogs:
                     return
                 tail = urllib.parse.parse_qs(url.query).get("tailLines")
                 if tail:
-                    text = "".join(text.splitlines(keepends=True)[-int(tail[0]):])
+                    text = "".join(text.splitlines(keepends=True)[-int(tail[0]) :])
                 body = text.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain")
@@ -269,14 +322,22 @@ class NodeLogs:
         self.port = int(self.server.server_address[1])
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
-        self.core.patch_node_status(node, {"status": {
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}}}})  # fmt: skip
+        self.core.patch_node_status(
+            node,
+            {
+                "status": {
+                    "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                    "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
+                }
+            },
+        )
 
     def bind(self, namespace: str, pod: str) -> None:
         """Place a pod on this node, as the scheduler would (a binding ignores the pod's node selector)."""
-        body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod),
-                                target=client.V1ObjectReference(api_version="v1", kind="Node", name=self.node))
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=pod),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=self.node),
+        )
         # The generated client cannot parse the binding response (a Status); the request itself is what counts.
         self.core.create_namespaced_pod_binding(pod, namespace, body, _preload_content=False)
 

@@ -40,8 +40,9 @@ def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 @pytest.fixture(scope="module")
-def operator(kueue: KueueProcess, kubectl: Any, kubeconfig: Path, wait_for: Any,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def operator(
+    kueue: KueueProcess, kubectl: Any, kubeconfig: Path, wait_for: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
     install_crd(kubectl, wait_for)
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     with running_operator(kubeconfig, wait_for, log):
@@ -55,17 +56,39 @@ def queue(operator: Path, kubectl: Any, namespace: str, wait_for: Any) -> Iterat
     cq = f"cq-{namespace}"[:63]
     objs = [
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default"}},
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
-         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                  "resourceGroups": [{"coveredResources": sorted(QUOTA), "flavors": [{"name": "default", "resources": [
-                      {"name": k, "nominalQuota": v} for k, v in sorted(QUOTA.items())]}]}]}},
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-         "metadata": {"name": "lq", "namespace": namespace}, "spec": {"clusterQueue": cq}},
-    ]  # fmt: skip
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "resourceGroups": [
+                    {
+                        "coveredResources": sorted(QUOTA),
+                        "flavors": [
+                            {
+                                "name": "default",
+                                "resources": [{"name": k, "nominalQuota": v} for k, v in sorted(QUOTA.items())],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "lq", "namespace": namespace},
+            "spec": {"clusterQueue": cq},
+        },
+    ]
     kubectl("apply", "-f", "-", input="\n---\n".join(job_yaml(o) for o in objs))
     active = "jsonpath={.status.conditions[?(@.type=='Active')].status}"
-    wait_for(lambda: kubectl("get", "clusterqueue", cq, "-o", active).stdout == "True", timeout=120,
-             message=f"ClusterQueue {cq} active")
+    wait_for(
+        lambda: kubectl("get", "clusterqueue", cq, "-o", active).stdout == "True",
+        timeout=120,
+        message=f"ClusterQueue {cq} active",
+    )
     yield "lq"
     kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
 
@@ -122,8 +145,8 @@ def admitted(api: client.ApiClient, ns: str, name: str) -> dict[str, Any] | None
 
 
 def test_second_job_waits_for_quota_survives_no_restart_loss_and_starts_after_the_first(
-        queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str,
-        wait_for: Any, explain: Any) -> None:  # fmt: skip
+    queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str, wait_for: Any, explain: Any
+) -> None:
     with explain():
         ns = namespace
         kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("first", queue)))
@@ -133,9 +156,15 @@ def test_second_job_waits_for_quota_survives_no_restart_loss_and_starts_after_th
         reserved_at = condition(wl, "QuotaReserved")["lastTransitionTime"]  # type: ignore[index,arg-type]
 
         kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("second", queue)))
-        st = wait_for(lambda: (s := status(kube_api, ns, "second")).get("phase") == "Queued"
-                      and "insufficient" in s.get("message", "") and s, timeout=120,
-                      message="second Queued with Kueue's reason")  # fmt: skip
+        st = wait_for(
+            lambda: (
+                (s := status(kube_api, ns, "second")).get("phase") == "Queued"
+                and "insufficient" in s.get("message", "")
+                and s
+            ),
+            timeout=120,
+            message="second Queued with Kueue's reason",
+        )
         assert st["reason"] == "Queued"  # type: ignore[index]
         assert "LocalQueue lq" in st["message"]  # type: ignore[index]
         assert kubelet.pods("second") == []
@@ -147,8 +176,11 @@ def test_second_job_waits_for_quota_survives_no_restart_loss_and_starts_after_th
         wait_for(lambda: status(kube_api, ns, "first").get("phase") == "Running", timeout=120, message="first Running")
         kubelet.set_status("first-rank-1", "Failed", exit_code=1, message="boom")
         wait_for(lambda: status(kube_api, ns, "first").get("restartCount") == 1, timeout=120, message="restart")
-        wait_for(lambda: sorted(p.metadata.labels["finetune.dev/attempt"] for p in kubelet.live_pods("first"))
-                 == ["1", "1"], timeout=120, message="attempt 1 pods")  # fmt: skip
+        wait_for(
+            lambda: sorted(p.metadata.labels["finetune.dev/attempt"] for p in kubelet.live_pods("first")) == ["1", "1"],
+            timeout=120,
+            message="attempt 1 pods",
+        )
         wl = admitted(kube_api, ns, "first")
         assert wl is not None, "the restart lost the admission"
         assert condition(wl, "QuotaReserved")["lastTransitionTime"] == reserved_at  # type: ignore[index]
@@ -158,8 +190,11 @@ def test_second_job_waits_for_quota_survives_no_restart_loss_and_starts_after_th
         for p in kubelet.live_pods("first"):
             kubelet.set_status(p.metadata.name, "Succeeded", exit_code=0)
         wait_for(lambda: status(kube_api, ns, "first").get("phase") == "Succeeded", timeout=120, message="first done")
-        wait_for(lambda: (condition(workload(kube_api, ns, "first"), "Finished") or {}).get("status") == "True",
-                 timeout=120, message="first's Workload Finished")  # fmt: skip
+        wait_for(
+            lambda: (condition(workload(kube_api, ns, "first"), "Finished") or {}).get("status") == "True",
+            timeout=120,
+            message="first's Workload Finished",
+        )
         wait_for(lambda: admitted(kube_api, ns, "second"), timeout=120, message="second admitted")
         wait_for(lambda: len(kubelet.live_pods("second")) == 2, timeout=120, message="second's pods")
         st = status(kube_api, ns, "second")
@@ -168,8 +203,8 @@ def test_second_job_waits_for_quota_survives_no_restart_loss_and_starts_after_th
 
 
 def test_deleting_a_queued_job_leaves_nothing_behind(
-        queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str,
-        wait_for: Any, explain: Any) -> None:  # fmt: skip
+    queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str, wait_for: Any, explain: Any
+) -> None:
     with explain():
         ns = namespace
         kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("holder", queue)))
@@ -177,24 +212,36 @@ def test_deleting_a_queued_job_leaves_nothing_behind(
         # Its pods come at the operator's next look at the Workload (reconcile.QUEUED_POLL_S).
         wait_for(lambda: len(kubelet.live_pods("holder")) == 2, timeout=60, message="holder's pods")
         kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("waiting", queue)))
-        wait_for(lambda: status(kube_api, ns, "waiting").get("phase") == "Queued"
-                 and workload(kube_api, ns, "waiting"), timeout=120, message="waiting Queued")  # fmt: skip
+        wait_for(
+            lambda: status(kube_api, ns, "waiting").get("phase") == "Queued" and workload(kube_api, ns, "waiting"),
+            timeout=120,
+            message="waiting Queued",
+        )
         kubectl("delete", "-n", ns, "ftj", "waiting", "--wait=false")
 
         def nothing_left() -> bool:
             selector = "finetune.dev/job-name=waiting"
-            leftovers = kubectl("get", "-n", ns, "pods,services,configmaps,secrets,workloads.kueue.x-k8s.io",
-                                "-l", selector, "-o", "name").stdout.split()  # fmt: skip
+            leftovers = kubectl(
+                "get",
+                "-n",
+                ns,
+                "pods,services,configmaps,secrets,workloads.kueue.x-k8s.io",
+                "-l",
+                selector,
+                "-o",
+                "name",
+            ).stdout.split()
             gone = kubectl("get", "-n", ns, "ftj", "waiting", check=False).returncode != 0
             return gone and not leftovers and workload(kube_api, ns, "waiting") is None
+
         wait_for(nothing_left, timeout=120, message="no trace of the deleted queued job")
         # The admitted job is untouched.
         assert admitted(kube_api, ns, "holder") and len(kubelet.live_pods("holder")) == 2
 
 
 def test_neuron_queue_sample_admits_a_trn1_job_to_its_flavor(
-        operator: Path, kubectl: Any, kube_api: client.ApiClient, namespace: str, wait_for: Any,
-        explain: Any) -> None:  # fmt: skip
+    operator: Path, kubectl: Any, kube_api: client.ApiClient, namespace: str, wait_for: Any, explain: Any
+) -> None:
     """manifests/samples/kueue/trn1-queue.yaml as docs/eks.md applies it, and a trn1 sample job queued in it."""
     with explain():
         sample = ROOT / "manifests" / "samples" / "kueue" / "trn1-queue.yaml"
@@ -232,25 +279,48 @@ def apply_queue(kubectl: Any, wait_for: Any, namespace: str, name: str, flavor: 
     cq = f"cq-{name}-{namespace}"[:63]
     objs = [
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", **flavor},
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-         "metadata": {"name": name, "namespace": namespace}, "spec": {"clusterQueue": cq}},
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
-         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                  "resourceGroups": [{"coveredResources": sorted(QUOTA), "flavors": [{
-                      "name": flavor["metadata"]["name"],
-                      "resources": [{"name": k, "nominalQuota": v} for k, v in sorted(QUOTA.items())]}]}]}},
-    ]  # fmt: skip
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterQueue": cq},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "resourceGroups": [
+                    {
+                        "coveredResources": sorted(QUOTA),
+                        "flavors": [
+                            {
+                                "name": flavor["metadata"]["name"],
+                                "resources": [{"name": k, "nominalQuota": v} for k, v in sorted(QUOTA.items())],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+    ]
     kubectl("apply", "-f", "-", input="\n---\n".join(job_yaml(o) for o in objs))
     active = "jsonpath={.status.conditions[?(@.type=='Active')].status}"
-    wait_for(lambda: kubectl("get", "clusterqueue", cq, "-o", active).stdout == "True", timeout=120,
-             message=f"ClusterQueue {cq} active")
+    wait_for(
+        lambda: kubectl("get", "clusterqueue", cq, "-o", active).stdout == "True",
+        timeout=120,
+        message=f"ClusterQueue {cq} active",
+    )
     return cq, flavor["metadata"]["name"]
 
 
 @pytest.fixture
 def pool_flavor(namespace: str) -> dict[str, Any]:
-    return {"metadata": {"name": f"blue-{namespace}"[:63]},
-            "spec": {"nodeLabels": POOL_LABEL, "nodeTaints": [POOL_TAINT], "tolerations": [POOL_TOLERATION]}}
+    return {
+        "metadata": {"name": f"blue-{namespace}"[:63]},
+        "spec": {"nodeLabels": POOL_LABEL, "nodeTaints": [POOL_TAINT], "tolerations": [POOL_TOLERATION]},
+    }
 
 
 @pytest.fixture
@@ -265,8 +335,15 @@ def pool_queue(kubectl: Any, wait_for: Any, namespace: str, pool_flavor: dict[st
 
 
 def test_admitted_pods_carry_their_flavors_node_labels_and_tolerations(
-        operator: Path, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str,
-        wait_for: Any, explain: Any, pool_queue: tuple[str, str]) -> None:  # fmt: skip
+    operator: Path,
+    kubectl: Any,
+    kube_api: client.ApiClient,
+    kubelet: Kubelet,
+    namespace: str,
+    wait_for: Any,
+    explain: Any,
+    pool_queue: tuple[str, str],
+) -> None:
     """Kueue assigns the job's pod set to a flavor with nodeLabels, nodeTaints and tolerations: the pods get the
     labels in their node selector (beside the job's own) and the tolerations; the taints add nothing."""
     _, flavor = pool_queue
@@ -276,8 +353,7 @@ def test_admitted_pods_carry_their_flavors_node_labels_and_tolerations(
         wl = wait_for(lambda: admitted(kube_api, ns, "placed"), timeout=120, message="placed admitted")
         [assignment] = wl["status"]["admission"]["podSetAssignments"]  # type: ignore[index]
         assert set(assignment["flavors"].values()) == {flavor}
-        pods = wait_for(lambda: len(p := kubelet.live_pods("placed")) == 2 and p, timeout=120,
-                        message="placed's pods")  # fmt: skip
+        pods = wait_for(lambda: len(p := kubelet.live_pods("placed")) == 2 and p, timeout=120, message="placed's pods")
         for pod in pods:  # type: ignore[union-attr]
             assert pod.spec.node_selector == {**NO_KUBELET, **POOL_LABEL}
             tolerations = [kube_api.sanitize_for_serialization(t) for t in pod.spec.tolerations or []]
@@ -289,8 +365,15 @@ def test_admitted_pods_carry_their_flavors_node_labels_and_tolerations(
 
 
 def test_a_flavor_edited_to_contradict_the_jobs_selector_fails_it_at_its_next_pods(
-        operator: Path, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str,
-        wait_for: Any, explain: Any, pool_queue: tuple[str, str]) -> None:  # fmt: skip
+    operator: Path,
+    kubectl: Any,
+    kube_api: client.ApiClient,
+    kubelet: Kubelet,
+    namespace: str,
+    wait_for: Any,
+    explain: Any,
+    pool_queue: tuple[str, str],
+) -> None:
     """Kueue assigns a job that selects pool=blue to the flavor of that pool. The flavor's nodeLabels are then
     edited to another pool (Kueue's webhook allows it): the running pods are left alone, but a group restart's
     pods would go where the job did not ask, so the job fails FlavorConflict, naming both, and its Workload is
@@ -305,23 +388,35 @@ def test_a_flavor_edited_to_contradict_the_jobs_selector_fails_it_at_its_next_po
         for p in kubelet.live_pods("edited"):
             kubelet.set_status(p.metadata.name, "Running")
         wait_for(lambda: status(kube_api, ns, "edited").get("phase") == "Running", timeout=120, message="Running")
-        kubectl("patch", "resourceflavor", flavor, "--type=merge", "-p",
-                '{"spec": {"nodeLabels": {"finetune.dev/test-pool": "red"}}}')  # fmt: skip
+        kubectl(
+            "patch",
+            "resourceflavor",
+            flavor,
+            "--type=merge",
+            "-p",
+            '{"spec": {"nodeLabels": {"finetune.dev/test-pool": "red"}}}',
+        )
         kubelet.set_status("edited-rank-1", "Failed", exit_code=1, message="boom")
-        st = wait_for(lambda: (s := status(kube_api, ns, "edited")).get("phase") == "Failed" and s,
-                      timeout=120, message="edited Failed")  # fmt: skip
+        st = wait_for(
+            lambda: (s := status(kube_api, ns, "edited")).get("phase") == "Failed" and s,
+            timeout=120,
+            message="edited Failed",
+        )
         assert st["reason"] == "FlavorConflict", st  # type: ignore[index]
         msg = st["message"]  # type: ignore[index]
         assert "spec.hardware.nodeSelector sets finetune.dev/test-pool=blue" in msg
         assert f"ResourceFlavor(s) {flavor} with nodeLabels finetune.dev/test-pool=red" in msg
-        wait_for(lambda: (condition(workload(kube_api, ns, "edited"), "Finished") or {}).get("status") == "True",
-                 timeout=120, message="edited's Workload Finished")  # fmt: skip
+        wait_for(
+            lambda: (condition(workload(kube_api, ns, "edited"), "Finished") or {}).get("status") == "True",
+            timeout=120,
+            message="edited's Workload Finished",
+        )
         wait_for(lambda: kubelet.live_pods("edited") == [], timeout=120, message="no live pod")
 
 
 def test_a_deactivated_workload_evicts_the_job_which_starts_again_when_reactivated(
-        queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str,
-        wait_for: Any, explain: Any) -> None:  # fmt: skip
+    queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str, wait_for: Any, explain: Any
+) -> None:
     """Eviction by the real Kueue (spec.active: false on the Workload, as `kueuectl stop workload` does): the
     job's pods go, it is Queued with Kueue's reason, the operator releases the quota, nothing is orphaned, and
     it is admitted and started again (same Workload, restartCount untouched) once reactivated."""
@@ -336,34 +431,63 @@ def test_a_deactivated_workload_evicts_the_job_which_starts_again_when_reactivat
             kubelet.set_status(p.metadata.name, "Running")
         wait_for(lambda: status(kube_api, ns, "evicted").get("phase") == "Running", timeout=120, message="Running")
 
-        kubectl("patch", "-n", ns, "workloads.kueue.x-k8s.io", "evicted", "--type=merge", "-p",
-                '{"spec": {"active": false}}')  # fmt: skip
-        st = wait_for(lambda: (s := status(kube_api, ns, "evicted")).get("phase") == "Queued" and s, timeout=120,
-                      message="evicted Queued")  # fmt: skip
+        kubectl(
+            "patch",
+            "-n",
+            ns,
+            "workloads.kueue.x-k8s.io",
+            "evicted",
+            "--type=merge",
+            "-p",
+            '{"spec": {"active": false}}',
+        )
+        st = wait_for(
+            lambda: (s := status(kube_api, ns, "evicted")).get("phase") == "Queued" and s,
+            timeout=120,
+            message="evicted Queued",
+        )
         assert "deactivated" in st["message"], st  # type: ignore[index]
         wait_for(lambda: kubelet.pods("evicted") == [], timeout=120, message="evicted's pods gone")
         # The operator released the reservation (Kueue's contract for a stopped job); the ClusterQueue holds none.
-        wait_for(lambda: not (workload(kube_api, ns, "evicted") or {}).get("status", {}).get("admission"),
-                 timeout=120, message="admission cleared")  # fmt: skip
+        wait_for(
+            lambda: not (workload(kube_api, ns, "evicted") or {}).get("status", {}).get("admission"),
+            timeout=120,
+            message="admission cleared",
+        )
         wl = workload(kube_api, ns, "evicted")
         assert wl is not None and wl["metadata"]["uid"] == uid
         assert condition(wl, "QuotaReserved")["status"] == "False"  # type: ignore[index]
         assert condition(wl, "Evicted")["status"] == "True"  # type: ignore[index]
         reserving = "jsonpath={.status.reservingWorkloads}"
-        wait_for(lambda: kubectl("get", "clusterqueue", cq, "-o", reserving).stdout in ("", "0"), timeout=120,
-                 message="the ClusterQueue's reservation released")  # fmt: skip
+        wait_for(
+            lambda: kubectl("get", "clusterqueue", cq, "-o", reserving).stdout in ("", "0"),
+            timeout=120,
+            message="the ClusterQueue's reservation released",
+        )
         # Nothing orphaned: whatever still carries the job's labels is controlled by it.
-        job_uid = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
-            *API, ns, "finetunejobs", "evicted")["metadata"]["uid"]  # fmt: skip
-        left = yaml.safe_load(kubectl("get", "-n", ns, "pods,services,configmaps,secrets,workloads.kueue.x-k8s.io",
-                                      "-l", "finetune.dev/job-name=evicted", "-o", "yaml").stdout)["items"]  # fmt: skip
+        job_uid = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(*API, ns, "finetunejobs", "evicted")[
+            "metadata"
+        ]["uid"]
+        left = yaml.safe_load(
+            kubectl(
+                "get",
+                "-n",
+                ns,
+                "pods,services,configmaps,secrets,workloads.kueue.x-k8s.io",
+                "-l",
+                "finetune.dev/job-name=evicted",
+                "-o",
+                "yaml",
+            ).stdout
+        )["items"]
         assert left and all(
             [r["uid"] for r in o["metadata"]["ownerReferences"] if r.get("controller")] == [job_uid] for o in left
         ), left
         assert status(kube_api, ns, "evicted")["restartCount"] == 0
 
-        kubectl("patch", "-n", ns, "workloads.kueue.x-k8s.io", "evicted", "--type=merge", "-p",
-                '{"spec": {"active": true}}')  # fmt: skip
+        kubectl(
+            "patch", "-n", ns, "workloads.kueue.x-k8s.io", "evicted", "--type=merge", "-p", '{"spec": {"active": true}}'
+        )
         wait_for(lambda: admitted(kube_api, ns, "evicted"), timeout=120, message="evicted admitted again")
         wait_for(lambda: len(kubelet.live_pods("evicted")) == 2, timeout=120, message="evicted's pods again")
         st = status(kube_api, ns, "evicted")

@@ -47,14 +47,16 @@ def crd(kubectl: Any, wait_for: Any) -> None:
 def operator_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What the chart's ConfigMap holds with networkPolicy.enabled: every job gets its own NetworkPolicy."""
     path = tmp_path_factory.mktemp("config") / "config.yaml"
-    path.write_text(yaml.safe_dump({"images": {"cpu": "registry.test/finetune-operator/cpu:1"},
-                                    "networkPolicy": {"enabled": True}}))
+    path.write_text(
+        yaml.safe_dump({"images": {"cpu": "registry.test/finetune-operator/cpu:1"}, "networkPolicy": {"enabled": True}})
+    )
     return path
 
 
 @pytest.fixture(scope="module")
-def operator_process(crd: None, kubeconfig: Path, wait_for: Any, tmp_path_factory: pytest.TempPathFactory,
-                     operator_config: Path) -> Iterator[tuple[Path, RunningOperator]]:
+def operator_process(
+    crd: None, kubeconfig: Path, wait_for: Any, tmp_path_factory: pytest.TempPathFactory, operator_config: Path
+) -> Iterator[tuple[Path, RunningOperator]]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     with running_operator(kubeconfig, wait_for, log, ["--config", str(operator_config)]) as op:
         yield log, op
@@ -71,8 +73,12 @@ def job_gauges(op: RunningOperator, ns: str, name: str) -> dict[str, float]:
     """The per-job gauges the operator's /metrics serves for one job (absent series: absent keys)."""
     with urllib.request.urlopen(op.metrics_url, timeout=5) as r:
         text = r.read().decode()
-    return {s.name.removeprefix("finetune_operator_job_"): s.value for fam in text_string_to_metric_families(text)
-            for s in fam.samples if s.labels == {"namespace": ns, "job_name": name}}
+    return {
+        s.name.removeprefix("finetune_operator_job_"): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.labels == {"namespace": ns, "job_name": name}
+    }
 
 
 @pytest.fixture
@@ -111,9 +117,11 @@ def test_render_and_api_server_accept_the_same_samples(crd: None, kubectl: Any, 
 def test_hardware_task_and_launcher_are_immutable(crd: None, kubectl: Any, namespace: str) -> None:
     job = make_job("immut").classification().build()
     apply(kubectl, namespace, job)
-    for path, value, field in [("spec.hardware.nodes", 3, "spec.hardware"),
-                               ("spec.task.maxLength", 64, "spec.task"),
-                               ("spec.launcher", "mpi", "spec.launcher")]:
+    for path, value, field in [
+        ("spec.hardware.nodes", 3, "spec.hardware"),
+        ("spec.task.maxLength", 64, "spec.task"),
+        ("spec.launcher", "mpi", "spec.launcher"),
+    ]:
         changed = copy.deepcopy(job)
         node = changed
         *parents, leaf = path.split(".")
@@ -128,8 +136,12 @@ def test_hardware_task_and_launcher_are_immutable(crd: None, kubectl: Any, names
 
 
 def _rendered(sample: Path, ns: str, config: Path) -> list[dict[str, Any]]:
-    out = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(sample), "-n", ns,
-                          "--config", str(config)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(sample), "-n", ns, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -138,21 +150,27 @@ def _live(kube_api: client.ApiClient, ns: str, job: str) -> dict[str, dict[str, 
     sel = f"finetune.dev/job-name={job}"
     out: dict[str, dict[str, Any]] = {}
     net = client.NetworkingV1Api(kube_api)
-    for version, kind, lister in (("v1", "Pod", core.list_namespaced_pod),
-                                  ("v1", "Service", core.list_namespaced_service),
-                                  ("v1", "ConfigMap", core.list_namespaced_config_map),
-                                  ("v1", "Secret", core.list_namespaced_secret),
-                                  ("networking.k8s.io/v1", "NetworkPolicy", net.list_namespaced_network_policy)):
+    for version, kind, lister in (
+        ("v1", "Pod", core.list_namespaced_pod),
+        ("v1", "Service", core.list_namespaced_service),
+        ("v1", "ConfigMap", core.list_namespaced_config_map),
+        ("v1", "Secret", core.list_namespaced_secret),
+        ("networking.k8s.io/v1", "NetworkPolicy", net.list_namespaced_network_policy),
+    ):
         for o in lister(ns, label_selector=sel).items:
             # List items carry no apiVersion/kind of their own.
-            out[f"{kind}/{o.metadata.name}"] = {"apiVersion": version, "kind": kind,
-                                                **kube_api.sanitize_for_serialization(o)}
+            out[f"{kind}/{o.metadata.name}"] = {
+                "apiVersion": version,
+                "kind": kind,
+                **kube_api.sanitize_for_serialization(o),
+            }
     return out
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
-def test_children_are_exactly_what_render_predicts(sample: Path, operator: Path, kubectl: Any, kube_api: Any,
-                                                   namespace: str, wait_for: Any, operator_config: Path) -> None:
+def test_children_are_exactly_what_render_predicts(
+    sample: Path, operator: Path, kubectl: Any, kube_api: Any, namespace: str, wait_for: Any, operator_config: Path
+) -> None:
     spec = yaml.safe_load(sample.read_text())
     if spec["spec"].get("serviceAccountName"):  # the user's IRSA service account, as the EKS guide makes it
         kubectl("create", "serviceaccount", spec["spec"]["serviceAccountName"], "-n", namespace)
@@ -160,8 +178,11 @@ def test_children_are_exactly_what_render_predicts(sample: Path, operator: Path,
     name = spec["metadata"]["name"]
     want = {f"{o['kind']}/{o['metadata']['name']}": o for o in _rendered(sample, namespace, operator_config)}
     assert f"NetworkPolicy/{name}" in want
-    live = wait_for(lambda: (lv := _live(kube_api, namespace, name)) and set(lv) == set(want) and lv,
-                    timeout=60, message=f"children of {name}")
+    live = wait_for(
+        lambda: (lv := _live(kube_api, namespace, name)) and set(lv) == set(want) and lv,
+        timeout=60,
+        message=f"children of {name}",
+    )
     uid = get_job(kube_api, namespace, name)["metadata"]["uid"]  # type: ignore[index]
     for key, obj in want.items():
         obj["metadata"]["ownerReferences"][0]["uid"] = uid
@@ -175,13 +196,18 @@ def test_children_are_exactly_what_render_predicts(sample: Path, operator: Path,
         assert err is None, f"{key}: {err}"
 
 
-def test_foreign_object_error_shows_in_status(operator: Path, kubectl: Any, kube_api: Any, namespace: str,
-                                              wait_for: Any) -> None:
-    client.CoreV1Api(kube_api).create_namespaced_config_map(namespace, {
-        "metadata": {"name": "clash-config", "labels": {"finetune.dev/job-name": "clash"}}, "data": {}})
+def test_foreign_object_error_shows_in_status(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, wait_for: Any
+) -> None:
+    client.CoreV1Api(kube_api).create_namespaced_config_map(
+        namespace, {"metadata": {"name": "clash-config", "labels": {"finetune.dev/job-name": "clash"}}, "data": {}}
+    )
     apply(kubectl, namespace, make_job("clash").classification().build())
-    st = wait_for(lambda: "reconcile error" in (s := status(kube_api, namespace, "clash")).get("message", "") and s,
-                  timeout=60, message="reconcile error in status")
+    st = wait_for(
+        lambda: "reconcile error" in (s := status(kube_api, namespace, "clash")).get("message", "") and s,
+        timeout=60,
+        message="reconcile error in status",
+    )
     assert "ConfigMap" in st["message"] and "not controlled by this FineTuneJob" in st["message"]
     assert any(c["type"] == "ReconcileError" and c["status"] == "True" for c in st["conditions"])
     # Failing passes back off (1, 2, 5, 10, 30 s) although each one's status patch is a watch event that
@@ -190,8 +216,11 @@ def test_foreign_object_error_shows_in_status(operator: Path, kubectl: Any, kube
     marker = re.compile(rf"^\[(.+?)\] finetune_operator +\[ERROR *\] reconcile of {namespace}/clash failed$")
 
     def failure_times() -> list[datetime] | None:
-        times = [datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f")
-                 for line in operator.read_text().splitlines() if (m := marker.match(line))]  # fmt: skip
+        times = [
+            datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f")
+            for line in operator.read_text().splitlines()
+            if (m := marker.match(line))
+        ]
         return times if len(times) >= 3 else None
 
     times = wait_for(failure_times, timeout=30, message="three failed passes")
@@ -215,8 +244,12 @@ def test_create_in_a_terminating_namespace_is_skipped(kube_api: Any, namespace: 
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "holder", "finalizers": ["test.ftjob/hold"]}})
     core.delete_namespace(namespace)  # Terminating until the finalizer goes
     try:
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late", "namespace": namespace},
-               "spec": {"containers": [{"name": "c", "image": "x"}]}}  # fmt: skip
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "late", "namespace": namespace},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }
         assert Kube(kube_api).create(pod) is False
         with pytest.raises(client.exceptions.ApiException):
             core.read_namespaced_pod("late", namespace)
@@ -228,8 +261,11 @@ def test_create_in_a_terminating_namespace_is_skipped(kube_api: Any, namespace: 
 
 
 def _wait_phase(kube_api: Any, ns: str, name: str, phase: str, wait_for: Any, timeout: float = 60) -> dict[str, Any]:
-    return wait_for(lambda: (s := status(kube_api, ns, name)).get("phase") == phase and s, timeout=timeout,
-                    message=f"{name} phase {phase} (now {status(kube_api, ns, name).get('phase')})")
+    return wait_for(
+        lambda: (s := status(kube_api, ns, name)).get("phase") == phase and s,
+        timeout=timeout,
+        message=f"{name} phase {phase} (now {status(kube_api, ns, name).get('phase')})",
+    )
 
 
 def _pods_up(kubelet: Kubelet, name: str, n: int, wait_for: Any, attempt: int = 0) -> list[str]:
@@ -241,8 +277,9 @@ def _pods_up(kubelet: Kubelet, name: str, n: int, wait_for: Any, attempt: int = 
     return names
 
 
-def test_pending_running_succeeded(operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet,
-                                   wait_for: Any) -> None:
+def test_pending_running_succeeded(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
     apply(kubectl, namespace, two_rank_job("ok"))
     pods = _pods_up(kubelet, "ok", 2, wait_for)
     _wait_phase(kube_api, namespace, "ok", "Pending", wait_for)
@@ -257,15 +294,22 @@ def test_pending_running_succeeded(operator: Path, kubectl: Any, kube_api: Any, 
         kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
     st = _wait_phase(kube_api, namespace, "ok", "Succeeded", wait_for)
     assert st["completionTime"] and {c["type"] for c in st["conditions"]} >= {"Created", "Running", "Succeeded"}
-    events = kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=ok", "-o",
-                     "json").stdout
+    events = kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=ok", "-o", "json"
+    ).stdout
     reasons = {e["reason"] for e in json.loads(events)["items"]}
     assert {"Pending", "Running", "Completed"} <= reasons
 
 
 def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
-        operator_process: tuple[Path, RunningOperator], kubectl: Any, kube_api: Any, namespace: str,
-        kubelet: Kubelet, cluster: Cluster, wait_for: Any) -> None:
+    operator_process: tuple[Path, RunningOperator],
+    kubectl: Any,
+    kube_api: Any,
+    namespace: str,
+    kubelet: Kubelet,
+    cluster: Cluster,
+    wait_for: Any,
+) -> None:
     """Rank 0's FTJOB_PROGRESS lines, read through the API server's pods/log from the node serving them, become
     status.progress, the PROGRESS column and the job's Prometheus gauges, and keep being refreshed with no pod
     event to wake the operator. The gauges go when the job ends."""
@@ -278,8 +322,11 @@ def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
         pods = _pods_up(kubelet, "pg", 2, wait_for)
         node.bind(namespace, "pg-rank-0")
         key = (namespace, "pg-rank-0", "trainer")
-        node.logs[key] = "loading dataset\n" + format_line("train", step=120, totalSteps=500, epoch=1.2, loss=0.41,
-                                                             samplesPerSecond=35.2, etaSeconds=96) + "\n"
+        node.logs[key] = (
+            "loading dataset\n"
+            + format_line("train", step=120, totalSteps=500, epoch=1.2, loss=0.41, samplesPerSecond=35.2, etaSeconds=96)
+            + "\n"
+        )
         for p in pods:
             kubelet.set_status(p, "Running")
         _wait_phase(kube_api, namespace, "pg", "Running", wait_for)
@@ -288,19 +335,30 @@ def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
             return str((status(kube_api, namespace, "pg").get("progress") or {}).get("summary", ""))
 
         # The log is read every controller.PROGRESS_EVERY_S (30 s): one interval plus slack for a loaded machine.
-        first = wait_for(lambda: summary().startswith("120/500") and summary(), timeout=70,
-                         message=f"progress 120/500 (log requests: {node.requests})")  # fmt: skip
+        first = wait_for(
+            lambda: summary().startswith("120/500") and summary(),
+            timeout=70,
+            message=f"progress 120/500 (log requests: {node.requests})",
+        )
         assert first == "120/500 (24%) loss 0.41 ETA 1m36s"
-        assert any(r.startswith("/containerLogs/" + namespace + "/pg-rank-0/trainer?") and "tailLines=" in r
-                   for r in node.requests), node.requests  # fmt: skip
+        assert any(
+            r.startswith("/containerLogs/" + namespace + "/pg-rank-0/trainer?") and "tailLines=" in r
+            for r in node.requests
+        ), node.requests
         assert first in kubectl("get", "ftj", "pg", "-n", namespace).stdout
         # Training goes on: nothing changes but the log, and the status must follow within an interval.
         node.logs[key] += format_line("eval", step=250, totalSteps=500, metrics={"accuracy": 0.9}) + "\n"
-        later = wait_for(lambda: summary().startswith("250/500") and summary(), timeout=70,
-                         message="progress 250/500 without any pod event")  # fmt: skip
+        later = wait_for(
+            lambda: summary().startswith("250/500") and summary(),
+            timeout=70,
+            message="progress 250/500 without any pod event",
+        )
         assert "accuracy 0.9" in later
-        gauges = wait_for(lambda: (g := job_gauges(op, namespace, "pg")).get("step") == 250 and g, timeout=20,
-                          message="the step gauge at 250")  # fmt: skip
+        gauges = wait_for(
+            lambda: (g := job_gauges(op, namespace, "pg")).get("step") == 250 and g,
+            timeout=20,
+            message="the step gauge at 250",
+        )
         # samples/s is the newest train line's (eval lines carry none); the ratio follows the step.
         assert gauges == {"step": 250, "total_steps": 500, "progress_ratio": 0.5, "samples_per_second": 35.2}
         for p in pods:
@@ -311,8 +369,9 @@ def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
         node.close()
 
 
-def test_rank_failure_restarts_group_then_succeeds(operator: Path, kubectl: Any, kube_api: Any, namespace: str,
-                                                   kubelet: Kubelet, wait_for: Any) -> None:
+def test_rank_failure_restarts_group_then_succeeds(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
     apply(kubectl, namespace, two_rank_job("rs", backoffLimit=2))
     pods = _pods_up(kubelet, "rs", 2, wait_for)
     for p in pods:
@@ -330,9 +389,9 @@ def test_rank_failure_restarts_group_then_succeeds(operator: Path, kubectl: Any,
     assert st["restartCount"] == 1
 
 
-def test_running_rank_deleted_by_someone_else_restarts_the_group(operator: Path, kubectl: Any, kube_api: Any,
-                                                                 namespace: str, cluster: Cluster,
-                                                                 wait_for: Any) -> None:
+def test_running_rank_deleted_by_someone_else_restarts_the_group(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, cluster: Cluster, wait_for: Any
+) -> None:
     """`kubectl delete pod` (or an eviction, a drain) of a running rank restarts the group at once instead of
     leaving the other ranks to hang in collectives until a timeout."""
     if cluster.pki is None:
@@ -358,9 +417,9 @@ def test_running_rank_deleted_by_someone_else_restarts_the_group(operator: Path,
         node.close()
 
 
-def test_failures_past_backoff_limit_fail_with_rank_and_reason(operator: Path, kubectl: Any, kube_api: Any,
-                                                               namespace: str, kubelet: Kubelet,
-                                                               wait_for: Any) -> None:
+def test_failures_past_backoff_limit_fail_with_rank_and_reason(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
     apply(kubectl, namespace, two_rank_job("bo", backoffLimit=1))
     for attempt in (0, 1):
         pods = _pods_up(kubelet, "bo", 2, wait_for, attempt=attempt)
@@ -371,13 +430,17 @@ def test_failures_past_backoff_limit_fail_with_rank_and_reason(operator: Path, k
     assert st["reason"] == "OOMKilled"
     assert "rank 0 (pod bo-rank-0) failed: OOMKilled (exit code 137)" in st["message"]
     assert "tokenizing..." in st["message"]
-    wait_for(lambda: [p.metadata.name for p in kubelet.live_pods("bo") if p.status.phase == "Running"] == [],
-             timeout=30, message="no running pod after Failed")
+    wait_for(
+        lambda: [p.metadata.name for p in kubelet.live_pods("bo") if p.status.phase == "Running"] == [],
+        timeout=30,
+        message="no running pod after Failed",
+    )
     assert status(kube_api, namespace, "bo")["restartCount"] == 1
 
 
-def test_suspend_and_resume(operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet,
-                            wait_for: Any) -> None:
+def test_suspend_and_resume(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
     apply(kubectl, namespace, two_rank_job("sus"))
     _pods_up(kubelet, "sus", 2, wait_for)
     kubectl("patch", "ftj", "sus", "-n", namespace, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
@@ -388,8 +451,9 @@ def test_suspend_and_resume(operator: Path, kubectl: Any, kube_api: Any, namespa
     assert status(kube_api, namespace, "sus")["restartCount"] == 0
 
 
-def test_active_deadline_fails_job(operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet,
-                                   wait_for: Any) -> None:
+def test_active_deadline_fails_job(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
     apply(kubectl, namespace, two_rank_job("dl", activeDeadlineSeconds=3))
     for p in _pods_up(kubelet, "dl", 2, wait_for):
         kubelet.set_status(p, "Running")
@@ -398,45 +462,62 @@ def test_active_deadline_fails_job(operator: Path, kubectl: Any, kube_api: Any, 
     wait_for(lambda: kubelet.pods("dl") == [], timeout=30, message="running pods deleted at the deadline")
 
 
-def test_ttl_after_finished_removes_job_and_children_for_good(operator: Path, kubectl: Any, kube_api: Any,
-                                                              namespace: str, kubelet: Kubelet,
-                                                              wait_for: Any) -> None:
+def test_ttl_after_finished_removes_job_and_children_for_good(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
     apply(kubectl, namespace, two_rank_job("ttl", ttlSecondsAfterFinished=2))
     for p in _pods_up(kubelet, "ttl", 2, wait_for):
         kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
     _wait_phase(kube_api, namespace, "ttl", "Succeeded", wait_for)
     wait_for(lambda: get_job(kube_api, namespace, "ttl") is None, timeout=30, message="job deleted by TTL")
     core = client.CoreV1Api(kube_api)
-    wait_for(lambda: not core.list_namespaced_config_map(namespace, label_selector="finetune.dev/job-name=ttl").items
-             and not kubelet.pods("ttl"), timeout=60, message="children garbage-collected")
+    wait_for(
+        lambda: (
+            not core.list_namespaced_config_map(namespace, label_selector="finetune.dev/job-name=ttl").items
+            and not kubelet.pods("ttl")
+        ),
+        timeout=60,
+        message="children garbage-collected",
+    )
     # Stays gone: nothing recreates it (poll a few reconcile periods).
     with pytest.raises(TimeoutError):
         wait_for(lambda: get_job(kube_api, namespace, "ttl") or kubelet.pods("ttl"), timeout=5, message="recreated")
 
 
-def test_deleting_job_garbage_collects_children(operator: Path, kubectl: Any, kube_api: Any, namespace: str,
-                                                kubelet: Kubelet, wait_for: Any) -> None:
+def test_deleting_job_garbage_collects_children(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
     apply(kubectl, namespace, two_rank_job("gc"))
     _pods_up(kubelet, "gc", 2, wait_for)
     core = client.CoreV1Api(kube_api)
     assert core.list_namespaced_service(namespace, label_selector="finetune.dev/job-name=gc").items
     kubectl("delete", "ftj", "gc", "-n", namespace, "--wait=false")
-    wait_for(lambda: not kubelet.pods("gc")
-             and not core.list_namespaced_service(namespace, label_selector="finetune.dev/job-name=gc").items
-             and not core.list_namespaced_config_map(namespace, label_selector="finetune.dev/job-name=gc").items,
-             timeout=60, message="children garbage-collected")
+    wait_for(
+        lambda: (
+            not kubelet.pods("gc")
+            and not core.list_namespaced_service(namespace, label_selector="finetune.dev/job-name=gc").items
+            and not core.list_namespaced_config_map(namespace, label_selector="finetune.dev/job-name=gc").items
+        ),
+        timeout=60,
+        message="children garbage-collected",
+    )
 
 
 def test_repeated_events_are_aggregated(kube_api: Any, namespace: str) -> None:
     """A repeated event bumps count/lastTimestamp on one Event (as kubectl describe shows "x3"), a different
     message is an Event of its own."""
-    job = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob",
-           "metadata": {"name": "ev", "namespace": namespace, "uid": "6b1c7e6e-0000-4000-8000-000000000001"}}
+    job = {
+        "apiVersion": "finetune.dev/v1alpha1",
+        "kind": "FineTuneJob",
+        "metadata": {"name": "ev", "namespace": namespace, "uid": "6b1c7e6e-0000-4000-8000-000000000001"},
+    }
     kube = Kube(kube_api)
     for _ in range(3):
         kube.event(job, "Warning", "ReconcileError", "reconcile error: ConfigMap clash")
     kube.event(job, "Warning", "ReconcileError", "reconcile error: something else")
     events = client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
     assert sorted((e.message, e.count) for e in events) == [
-        ("reconcile error: ConfigMap clash", 3), ("reconcile error: something else", 1)]
+        ("reconcile error: ConfigMap clash", 3),
+        ("reconcile error: something else", 1),
+    ]
     assert all(e.involved_object.uid == job["metadata"]["uid"] for e in events)

@@ -13,12 +13,14 @@ from operator_support import Kubelet, install_crd, job_yaml, running_operator, t
 
 def _status(kube_api: Any, ns: str, name: str) -> dict[str, Any]:
     job = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
-        "finetune.dev", "v1alpha1", ns, "finetunejobs", name)  # fmt: skip
+        "finetune.dev", "v1alpha1", ns, "finetunejobs", name
+    )
     return dict(job.get("status") or {})
 
 
-def test_restarted_operator_leaves_a_running_job_alone(kubectl: Any, kube_api: Any, namespace: str, kubeconfig: Path,
-                                                       wait_for: Any, tmp_path: Path) -> None:  # fmt: skip
+def test_restarted_operator_leaves_a_running_job_alone(
+    kubectl: Any, kube_api: Any, namespace: str, kubeconfig: Path, wait_for: Any, tmp_path: Path
+) -> None:
     install_crd(kubectl, wait_for)
     kubelet = Kubelet(kube_api, namespace)
     job = two_rank_job("steady")
@@ -28,8 +30,9 @@ def test_restarted_operator_leaves_a_running_job_alone(kubectl: Any, kube_api: A
             wait_for(lambda: len(kubelet.live_pods("steady")) == 2, timeout=60, message="2 pods")
             for pod in kubelet.live_pods("steady"):
                 kubelet.set_status(pod.metadata.name, "Running")
-            wait_for(lambda: _status(kube_api, namespace, "steady").get("phase") == "Running", timeout=60,
-                     message="Running")  # fmt: skip
+            wait_for(
+                lambda: _status(kube_api, namespace, "steady").get("phase") == "Running", timeout=60, message="Running"
+            )
         before_pods = {p.metadata.name: p.metadata.uid for p in kubelet.live_pods("steady")}
         before = _status(kube_api, namespace, "steady")
         events_before = _event_count(kubectl, namespace)
@@ -51,6 +54,7 @@ def test_restarted_operator_leaves_a_running_job_alone(kubectl: Any, kube_api: A
 
 
 def _event_count(kubectl: Any, namespace: str) -> int:
-    out = kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.kind=FineTuneJob",
-                  "-o", "json").stdout  # fmt: skip
+    out = kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.kind=FineTuneJob", "-o", "json"
+    ).stdout
     return sum(int(e.get("count") or 1) for e in json.loads(out)["items"])

@@ -52,20 +52,30 @@ def foreign_names(st: dict[str, Any]) -> set[str]:
 
 
 def test_a_job_recreated_under_the_same_name_is_not_finished_by_the_old_pods(
-        operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any) -> None:
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
     kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(two_rank_job("again")))
     wait_for(lambda: len(kubelet.live_pods("again")) == 2, timeout=60, message="the first job's pods")
     for p in ("again-rank-0", "again-rank-1"):
         kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
-    wait_for(lambda: status(kube_api, namespace, "again").get("phase") == "Succeeded", timeout=60,
-             message="the first job Succeeded")
+    wait_for(
+        lambda: status(kube_api, namespace, "again").get("phase") == "Succeeded",
+        timeout=60,
+        message="the first job Succeeded",
+    )
     # Deleted with its children left behind (they keep the job's labels and names), then created again.
     kubectl("delete", "ftj", "again", "-n", namespace, "--cascade=orphan", "--wait=true")
-    wait_for(lambda: all(not p.metadata.owner_references for p in kubelet.pods("again")), timeout=60,
-             message="the garbage collector orphaning the old pods")
+    wait_for(
+        lambda: all(not p.metadata.owner_references for p in kubelet.pods("again")),
+        timeout=60,
+        message="the garbage collector orphaning the old pods",
+    )
     kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(two_rank_job("again")))
-    st = wait_for(lambda: (s := status(kube_api, namespace, "again")).get("foreignChildren") and s, timeout=60,
-                  message="foreign children in status")
+    st = wait_for(
+        lambda: (s := status(kube_api, namespace, "again")).get("foreignChildren") and s,
+        timeout=60,
+        message="foreign children in status",
+    )
     assert st["phase"] == "Pending" and st["reason"] == "ForeignChildren", st
     assert "completionTime" not in st
     assert {"Pod/again-rank-0", "Pod/again-rank-1", "ConfigMap/again-config"} <= foreign_names(st)
@@ -73,8 +83,9 @@ def test_a_job_recreated_under_the_same_name_is_not_finished_by_the_old_pods(
     assert cond["status"] == "True" and "Pod/again-rank-0 (no controller)" in cond["message"]
     # The old children go: the new job makes its own, owned by its uid, with its own config.json.
     core = client.CoreV1Api(kube_api)
-    core.delete_collection_namespaced_pod(namespace, label_selector="finetune.dev/job-name=again",
-                                          grace_period_seconds=0)
+    core.delete_collection_namespaced_pod(
+        namespace, label_selector="finetune.dev/job-name=again", grace_period_seconds=0
+    )
     core.delete_namespaced_config_map("again-config", namespace)
     core.delete_namespaced_service("again", namespace)
     uid = uid_of(kube_api, namespace, "again")
@@ -87,20 +98,35 @@ def test_a_job_recreated_under_the_same_name_is_not_finished_by_the_old_pods(
     assert {p.metadata.owner_references[0].uid for p in pods} == {uid}
     cm = core.read_namespaced_config_map("again-config", namespace)
     assert cm.metadata.owner_references[0].uid == uid
-    st = wait_for(lambda: (s := status(kube_api, namespace, "again")).get("reason") != "ForeignChildren" and s,
-                  timeout=60, message="ForeignChildren cleared")
+    st = wait_for(
+        lambda: (s := status(kube_api, namespace, "again")).get("reason") != "ForeignChildren" and s,
+        timeout=60,
+        message="ForeignChildren cleared",
+    )
     assert "foreignChildren" not in st and st["phase"] == "Pending"
 
 
-def test_a_planted_labelled_config_map_is_never_mounted(operator: Path, kubectl: Any, kube_api: Any,
-                                                        namespace: str, kubelet: Kubelet, wait_for: Any) -> None:
+def test_a_planted_labelled_config_map_is_never_mounted(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
     core = client.CoreV1Api(kube_api)
-    core.create_namespaced_config_map(namespace, {"metadata": {
-        "name": "victim-config", "labels": {**LABELS, c.LABEL_JOB_NAME: "victim"}, "annotations": {"attacker": "1"}},
-        "data": {"config.json": "{}", "hostfile": "evil.example:8\n"}})  # fmt: skip
+    core.create_namespaced_config_map(
+        namespace,
+        {
+            "metadata": {
+                "name": "victim-config",
+                "labels": {**LABELS, c.LABEL_JOB_NAME: "victim"},
+                "annotations": {"attacker": "1"},
+            },
+            "data": {"config.json": "{}", "hostfile": "evil.example:8\n"},
+        },
+    )
     kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(two_rank_job("victim")))
-    st = wait_for(lambda: (s := status(kube_api, namespace, "victim")).get("foreignChildren") and s, timeout=60,
-                  message="the planted ConfigMap in status")
+    st = wait_for(
+        lambda: (s := status(kube_api, namespace, "victim")).get("foreignChildren") and s,
+        timeout=60,
+        message="the planted ConfigMap in status",
+    )
     assert foreign_names(st) == {"ConfigMap/victim-config"} and st["reason"] == "ForeignChildren"
     assert kubelet.pods("victim") == []  # the pass that saw it created no pod
     # Once it is gone the job makes its own ConfigMap and only then its pods.
@@ -111,20 +137,31 @@ def test_a_planted_labelled_config_map_is_never_mounted(operator: Path, kubectl:
     assert json.loads(cm.data["config.json"])["jobName"] == "victim"
 
 
-def test_a_planted_labelled_ssh_secret_is_never_mounted(operator: Path, kubectl: Any, kube_api: Any,
-                                                        namespace: str, kubelet: Kubelet, wait_for: Any) -> None:
+def test_a_planted_labelled_ssh_secret_is_never_mounted(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
     core = client.CoreV1Api(kube_api)
-    core.create_namespaced_secret(namespace, {"metadata": {
-        "name": "mpivictim-ssh", "labels": {**LABELS, c.LABEL_JOB_NAME: "mpivictim"}},
-        "stringData": {"authorized_keys": "ssh-ed25519 AAAA attacker\n"}})  # fmt: skip
+    core.create_namespaced_secret(
+        namespace,
+        {
+            "metadata": {"name": "mpivictim-ssh", "labels": {**LABELS, c.LABEL_JOB_NAME: "mpivictim"}},
+            "stringData": {"authorized_keys": "ssh-ed25519 AAAA attacker\n"},
+        },
+    )
     kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(two_rank_job("mpivictim", mpi=True)))
-    st = wait_for(lambda: "mpivictim-ssh" in (s := status(kube_api, namespace, "mpivictim")).get("message", "")
-                  and s, timeout=60, message="the planted Secret in status")  # fmt: skip
+    st = wait_for(
+        lambda: "mpivictim-ssh" in (s := status(kube_api, namespace, "mpivictim")).get("message", "") and s,
+        timeout=60,
+        message="the planted Secret in status",
+    )
     assert "not controlled by this FineTuneJob" in st["message"]
     assert kubelet.pods("mpivictim") == []
     core.delete_namespaced_secret("mpivictim-ssh", namespace)
-    pods = wait_for(lambda: len(ps := kubelet.live_pods("mpivictim")) == 3 and ps, timeout=60,
-                    message="the job's launcher and workers")
+    pods = wait_for(
+        lambda: len(ps := kubelet.live_pods("mpivictim")) == 3 and ps,
+        timeout=60,
+        message="the job's launcher and workers",
+    )
     secret = core.read_namespaced_secret("mpivictim-ssh", namespace)
     assert secret.metadata.owner_references[0].uid == uid_of(kube_api, namespace, "mpivictim")
     assert "attacker" not in str(secret.data)
@@ -160,10 +197,14 @@ FROZEN = [
 ]
 
 
-@pytest.mark.parametrize(("block", "job", "change"), FROZEN,
-                         ids=["training-added", "training-removed", "output-changed", "cache-added", "command-changed"])
-def test_spec_blocks_the_config_map_is_made_from_are_immutable(block: str, job: Any, change: Any, crd: None,
-                                                               kubectl: Any, namespace: str) -> None:
+@pytest.mark.parametrize(
+    ("block", "job", "change"),
+    FROZEN,
+    ids=["training-added", "training-removed", "output-changed", "cache-added", "command-changed"],
+)
+def test_spec_blocks_the_config_map_is_made_from_are_immutable(
+    block: str, job: Any, change: Any, crd: None, kubectl: Any, namespace: str
+) -> None:
     original = job.build()
     kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(original))
     changed = copy.deepcopy(original)

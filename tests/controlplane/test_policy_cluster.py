@@ -11,8 +11,11 @@ import yaml
 from kubernetes import client
 from operator_support import API, Kubelet, install_crd, job_yaml, running_operator, two_rank_job
 
-POLICY = {"allowedImages": ["registry.test/finetune-operator/*"], "allowedServiceAccounts": ["default"],
-          "allowedSecrets": ["hf-*"]}  # fmt: skip
+POLICY = {
+    "allowedImages": ["registry.test/finetune-operator/*"],
+    "allowedServiceAccounts": ["default"],
+    "allowedSecrets": ["hf-*"],
+}
 
 
 def _status(kube_api: Any, ns: str, name: str) -> dict[str, Any]:
@@ -21,13 +24,15 @@ def _status(kube_api: Any, ns: str, name: str) -> dict[str, Any]:
 
 
 def _children(kubectl: Any, ns: str, name: str) -> list[str]:
-    out = kubectl("get", "pods,services,configmaps,secrets", "-n", ns, "-l", f"finetune.dev/job-name={name}",
-                  "-o", "name").stdout  # fmt: skip
+    out = kubectl(
+        "get", "pods,services,configmaps,secrets", "-n", ns, "-l", f"finetune.dev/job-name={name}", "-o", "name"
+    ).stdout
     return out.split()
 
 
 def test_allowlists_fail_a_job_before_any_child_and_pass_an_allowed_one(
-        kubectl: Any, kube_api: Any, namespace: str, kubeconfig: Path, wait_for: Any, tmp_path: Path) -> None:
+    kubectl: Any, kube_api: Any, namespace: str, kubeconfig: Path, wait_for: Any, tmp_path: Path
+) -> None:
     install_crd(kubectl, wait_for)
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"policy": POLICY}))
@@ -48,21 +53,34 @@ def test_allowlists_fail_a_job_before_any_child_and_pass_an_allowed_one(
         with running_operator(kubeconfig, wait_for, tmp_path / "operator.log", ["--config", str(config)]):
             for j in bad.values():
                 kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(j))
-            kubectl("apply", "-n", namespace, "-f", "-",
-                    input=job_yaml(job("fine", image="registry.test/finetune-operator/cpu:2",
-                                       hfTokenSecretRef={"name": "hf-token"})))  # fmt: skip
+            kubectl(
+                "apply",
+                "-n",
+                namespace,
+                "-f",
+                "-",
+                input=job_yaml(
+                    job("fine", image="registry.test/finetune-operator/cpu:2", hfTokenSecretRef={"name": "hf-token"})
+                ),
+            )
             for key, j in bad.items():
                 name = j["metadata"]["name"]
-                wait_for(lambda n=name: _status(kube_api, namespace, n).get("phase") == "Failed", timeout=60,
-                         message=f"{name} Failed")  # fmt: skip
+                wait_for(
+                    lambda n=name: _status(kube_api, namespace, n).get("phase") == "Failed",
+                    timeout=60,
+                    message=f"{name} Failed",
+                )
                 st = _status(kube_api, namespace, name)
                 assert st["reason"] == "PolicyViolation", st
                 assert st["message"].startswith(fields[key] + " ") and "policy.allowed" in st["message"], st
                 assert _children(kubectl, namespace, name) == [], f"{name} got children despite the policy"
             wait_for(lambda: len(kubelet.live_pods("fine")) == 2, timeout=60, message="the allowed job's pods")
             assert _status(kube_api, namespace, "fine").get("reason") != "PolicyViolation"
-            events = json.loads(kubectl("get", "events", "-n", namespace, "--field-selector",
-                                        "reason=PolicyViolation", "-o", "json").stdout)["items"]  # fmt: skip
+            events = json.loads(
+                kubectl(
+                    "get", "events", "-n", namespace, "--field-selector", "reason=PolicyViolation", "-o", "json"
+                ).stdout
+            )["items"]
             assert {e["involvedObject"]["name"] for e in events} == {j["metadata"]["name"] for j in bad.values()}
     finally:
         kubelet.stop()

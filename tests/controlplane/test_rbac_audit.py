@@ -44,14 +44,21 @@ CHART = ROOT / "charts" / "finetune-operator"
 
 def rendered_roles(*args: str) -> list[dict[str, Any]]:
     """ClusterRoles and Roles of `helm template` with these flags."""
-    out = subprocess.run([str(bins.ensure_binary("helm")), "template", *args, str(CHART)], check=True,
-                         capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(bins.ensure_binary("helm")), "template", *args, str(CHART)], check=True, capture_output=True, text=True
+    ).stdout
     return [d for d in yaml.safe_load_all(out) if d and d["kind"] in ("ClusterRole", "Role")]
 
 
 def grants(roles: list[dict[str, Any]]) -> set[Permission]:
-    return {(group, resource, verb) for role in roles for rule in role["rules"] for group in rule["apiGroups"]
-            for resource in rule["resources"] for verb in rule["verbs"]}  # fmt: skip
+    return {
+        (group, resource, verb)
+        for role in roles
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
 
 
 @dataclass
@@ -73,16 +80,26 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audited]:
     policy = work / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(policy_for_user(USER)))
     log = work / "audit.log"
-    apiserver = KubeApiserver([f"--audit-policy-file={policy}", f"--audit-log-path={log}", "--audit-log-format=json",
-                               "--audit-log-mode=blocking"])  # fmt: skip
+    apiserver = KubeApiserver(
+        [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+        ]
+    )
     with LocalCluster(work / "cluster", [Etcd(), apiserver, KubeControllerManager()]) as cluster:
         kubectl = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)
         install_crd(kubectl, wait_for)
         KueueProcess(cluster.kubeconfig, work / "kueue").install_crds()  # the Workload API, without Kueue
-        cluster_mode = rendered_roles("finetune-operator", "--namespace", "finetune-operator",
-                                      "--set", "networkPolicy.enabled=true")  # fmt: skip
-        namespaced = [r for r in rendered_roles("nsmode", "--namespace", "finetune-operator",
-                                                "--set", "watchNamespaces={audit-ns}") if r["kind"] == "ClusterRole"]
+        cluster_mode = rendered_roles(
+            "finetune-operator", "--namespace", "finetune-operator", "--set", "networkPolicy.enabled=true"
+        )
+        namespaced = [
+            r
+            for r in rendered_roles("nsmode", "--namespace", "finetune-operator", "--set", "watchNamespaces={audit-ns}")
+            if r["kind"] == "ClusterRole"
+        ]
         for role in cluster_mode + namespaced:
             kubectl("apply", "-f", "-", input=yaml.safe_dump(role))
             name = role["metadata"]["name"]
@@ -90,8 +107,14 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audited]:
         assert cluster.ctx is not None
         api = config.new_client_from_config(str(cluster.kubeconfig))
         try:
-            yield Audited(kubectl, api, cluster.ctx.write_kubeconfig("audited-operator", USER), log, work,
-                          grants(cluster_mode + namespaced))
+            yield Audited(
+                kubectl,
+                api,
+                cluster.ctx.write_kubeconfig("audited-operator", USER),
+                log,
+                work,
+                grants(cluster_mode + namespaced),
+            )
         finally:
             api.close()
 
@@ -99,8 +122,11 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audited]:
 def namespace(a: Audited, name: str) -> str:
     core = client.CoreV1Api(a.api)
     core.create_namespace({"metadata": {"name": name}})
-    wait_for(lambda: core.read_namespaced_service_account("default", name), timeout=60,
-             message=f"ServiceAccount default in {name}")
+    wait_for(
+        lambda: core.read_namespaced_service_account("default", name),
+        timeout=60,
+        message=f"ServiceAccount default in {name}",
+    )
     return name
 
 
@@ -133,8 +159,13 @@ def squat(a: Audited, ns: str) -> list[str]:
     core.create_namespaced_service(ns, {"metadata": {"name": "sq-svc"}, "spec": {"ports": [{"port": 80}]}})
     core.create_namespaced_config_map(ns, {"metadata": {"name": "sq-cm-config"}})
     net.create_namespaced_network_policy(ns, {"metadata": {"name": "sq-np"}, "spec": {"podSelector": {}}})
-    core.create_namespaced_pod(ns, {"metadata": {"name": "sq-pod-rank-0"}, "spec": {
-        "nodeSelector": NO_KUBELET, "containers": [{"name": "c", "image": "registry.test/x:1"}]}})  # fmt: skip
+    core.create_namespaced_pod(
+        ns,
+        {
+            "metadata": {"name": "sq-pod-rank-0"},
+            "spec": {"nodeSelector": NO_KUBELET, "containers": [{"name": "c", "image": "registry.test/x:1"}]},
+        },
+    )
     jobs = ["sq-svc", "sq-cm", "sq-np", "sq-pod"]
     for name in jobs:
         apply(a, ns, two_rank_job(name))
@@ -159,9 +190,13 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
             wait_for(lambda: ("", "pods/log", "get") in a.used(), timeout=60, message="rank 0's log read")
             kubelet.set_status("life-rank-1", "Failed", exit_code=1, message="boom")
             wait_for(lambda: status(a, ns, "life").get("restartCount") == 1, timeout=60, message="restart")
-            wait_for(lambda: len([p for p in kubelet.live_pods("life")
-                                  if p.metadata.labels["finetune.dev/attempt"] == "1"]) == 2,
-                     timeout=60, message="attempt 1 pods")  # fmt: skip
+            wait_for(
+                lambda: (
+                    len([p for p in kubelet.live_pods("life") if p.metadata.labels["finetune.dev/attempt"] == "1"]) == 2
+                ),
+                timeout=60,
+                message="attempt 1 pods",
+            )
             for pod in ("life-rank-0", "life-rank-1"):
                 kubelet.set_status(pod, "Succeeded", exit_code=0, reason="Completed")
             wait_for(lambda: status(a, ns, "life").get("gone"), timeout=60, message="life deleted by its TTL")
@@ -174,40 +209,77 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
             custom = client.CustomObjectsApi(a.api)
             wait_for(lambda: custom.get_namespaced_custom_object(*wl_api), timeout=60, message="queued's Workload")
             # Its admission names a ResourceFlavor, which the operator reads (cluster-scoped) for the pods.
-            custom.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "resourceflavors", {
-                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default"},
-                "spec": {"nodeLabels": {"pool": "audit"}}})  # fmt: skip
+            custom.create_cluster_custom_object(
+                "kueue.x-k8s.io",
+                "v1beta2",
+                "resourceflavors",
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "ResourceFlavor",
+                    "metadata": {"name": "default"},
+                    "spec": {"nodeLabels": {"pool": "audit"}},
+                },
+            )
             now = "2026-12-03T00:00:00Z"
-            custom.patch_namespaced_custom_object_status(*wl_api, {"status": {
-                "conditions": [{"type": t, "status": "True", "reason": t, "message": t, "lastTransitionTime": now}
-                               for t in ("QuotaReserved", "Admitted")],
-                "admission": {"clusterQueue": "cq", "podSetAssignments": [{
-                    "name": "rank", "count": 2, "flavors": {"cpu": "default", "memory": "default"},
-                    "resourceUsage": {"cpu": "4", "memory": "8Gi"}}]}}})  # fmt: skip
+            custom.patch_namespaced_custom_object_status(
+                *wl_api,
+                {
+                    "status": {
+                        "conditions": [
+                            {"type": t, "status": "True", "reason": t, "message": t, "lastTransitionTime": now}
+                            for t in ("QuotaReserved", "Admitted")
+                        ],
+                        "admission": {
+                            "clusterQueue": "cq",
+                            "podSetAssignments": [
+                                {
+                                    "name": "rank",
+                                    "count": 2,
+                                    "flavors": {"cpu": "default", "memory": "default"},
+                                    "resourceUsage": {"cpu": "4", "memory": "8Gi"},
+                                }
+                            ],
+                        },
+                    }
+                },
+            )
             wait_for(lambda: len(kubelet.live_pods("queued")) == 2, timeout=60, message="pods of queued")
             assert all(p.spec.node_selector["pool"] == "audit" for p in kubelet.live_pods("queued"))
             for pod in ("queued-rank-0", "queued-rank-1"):
                 kubelet.set_status(pod, "Succeeded", exit_code=0, reason="Completed")
-            wait_for(lambda: ("kueue.x-k8s.io", "workloads/status", "patch") in a.used(), timeout=60,
-                     message="queued's Workload marked Finished")
+            wait_for(
+                lambda: ("kueue.x-k8s.io", "workloads/status", "patch") in a.used(),
+                timeout=60,
+                message="queued's Workload marked Finished",
+            )
             jobs = squat(a, ns)
             for name in jobs:
-                wait_for(lambda n=name: "not controlled by" in status(a, ns, n).get("message", ""), timeout=60,
-                         message=f"{name}'s squatted child refused")
+                wait_for(
+                    lambda n=name: "not controlled by" in status(a, ns, n).get("message", ""),
+                    timeout=60,
+                    message=f"{name}'s squatted child refused",
+                )
             # A job an earlier operator put its daemon's finalizer on: kopf takes it off (patch), so that the
             # job's deletion does not wait for it forever.
             legacy = two_rank_job("legacy")
             legacy["metadata"]["finalizers"] = [KOPF_FINALIZER]
             apply(a, ns, legacy)
-            wait_for(lambda: not custom.get_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs",
-                                                                     "legacy")["metadata"].get("finalizers"),
-                     timeout=60, message="the old finalizer removed")  # fmt: skip
+            wait_for(
+                lambda: (
+                    not custom.get_namespaced_custom_object("finetune.dev", "v1alpha1", ns, "finetunejobs", "legacy")[
+                        "metadata"
+                    ].get("finalizers")
+                ),
+                timeout=60,
+                message="the old finalizer removed",
+            )
         # A restarted operator: a new loop for the MPI job creates its Secret again and reads the 409 back.
         with running_operator(a.operator_kubeconfig, wait_for, tmp_path / "operator-2.log", ["--config", str(cfg)]):
             wait_for(lambda: ("", "secrets", "get") in a.used(), timeout=60, message="the Secret read back")
         # Namespaced mode: kopf watches the namespaces it is given.
-        with running_operator(a.operator_kubeconfig, wait_for, tmp_path / "operator-3.log",
-                              ["--config", str(cfg), f"--namespace={ns}"]):
+        with running_operator(
+            a.operator_kubeconfig, wait_for, tmp_path / "operator-3.log", ["--config", str(cfg), f"--namespace={ns}"]
+        ):
             wait_for(lambda: ("", "namespaces", "watch") in a.used(), timeout=60, message="namespaces watched")
     finally:
         kubelet.stop()

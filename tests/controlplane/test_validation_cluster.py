@@ -23,8 +23,12 @@ from finetune_operator.builders import SshKeys, desired
 
 KEYS = SshKeys("k", "k.pub", "h", "h.pub")
 # Each example is one server round trip: a bounded sample keeps the tier fast.
-SAMPLE = settings(max_examples=25, deadline=None, derandomize=True,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SAMPLE = settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,8 @@ def _create(kube_api: client.ApiClient, ns: str, job: dict[str, Any], dry_run: b
     """None when the server accepts the job, else its error message."""
     try:
         client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
-            *API, ns, "finetunejobs", job, dry_run="All" if dry_run else None, field_validation="Strict")
+            *API, ns, "finetunejobs", job, dry_run="All" if dry_run else None, field_validation="Strict"
+        )
     except ApiException as e:
         if e.status not in (400, 422):
             raise
@@ -44,8 +49,9 @@ def _create(kube_api: client.ApiClient, ns: str, job: dict[str, Any], dry_run: b
     return None
 
 
-def test_sampled_valid_jobs_are_accepted_and_so_are_their_pods(crd: None, kube_api: client.ApiClient,
-                                                                namespace: str) -> None:
+def test_sampled_valid_jobs_are_accepted_and_so_are_their_pods(
+    crd: None, kube_api: client.ApiClient, namespace: str
+) -> None:
     """Both halves of the promise: the CRD accepts the job, and the pod validation accepts the pods rendered
     from it (server-side dry runs; podrules.py must not let through what the pod's own rules refuse)."""
     core = client.CoreV1Api(kube_api)
@@ -68,8 +74,9 @@ def test_sampled_valid_jobs_are_accepted_and_so_are_their_pods(crd: None, kube_a
     check()
 
 
-def test_sampled_invalid_jobs_are_refused_naming_the_field(crd: None, kube_api: client.ApiClient,
-                                                           namespace: str) -> None:
+def test_sampled_invalid_jobs_are_refused_naming_the_field(
+    crd: None, kube_api: client.ApiClient, namespace: str
+) -> None:
     @SAMPLE
     @given(invalid_jobs())
     def check(case: tuple[dict[str, Any], Mistake]) -> None:
@@ -82,14 +89,24 @@ def test_sampled_invalid_jobs_are_refused_naming_the_field(crd: None, kube_api: 
 
 
 def test_a_pod_the_server_refuses_ends_the_job_failed_invalid_spec(
-        crd: None, kube_api: client.ApiClient, kubeconfig: Path, namespace: str, wait_for: Any,
-        tmp_path: Path) -> None:
+    crd: None, kube_api: client.ApiClient, kubeconfig: Path, namespace: str, wait_for: Any, tmp_path: Path
+) -> None:
     # An affinity is passed through unchecked (schema: free object); this one is malformed, so the pod
     # create meets a 422 from the API server's own pod validation.
-    bad_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "bad key!", "operator": "In", "values": ["a"]}]}]}}}
-    job = (make_job("refused").classification().set("spec.hardware.nodeSelector", NO_KUBELET)
-           .set("spec.hardware.affinity", bad_affinity).build())
+    bad_affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "bad key!", "operator": "In", "values": ["a"]}]}]
+            }
+        }
+    }
+    job = (
+        make_job("refused")
+        .classification()
+        .set("spec.hardware.nodeSelector", NO_KUBELET)
+        .set("spec.hardware.affinity", bad_affinity)
+        .build()
+    )
     assert _create(kube_api, namespace, job, dry_run=False) is None
     custom = client.CustomObjectsApi(kube_api)
     with running_operator(kubeconfig, wait_for, tmp_path / "operator.log", ["--namespace", namespace]) as op:

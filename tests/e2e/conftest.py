@@ -87,8 +87,10 @@ def node_cluster(request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
         print(f"[ftjob-e2e] node stopped; a test failed: logs kept in {directory / 'logs'}", flush=True)
     else:
         shutil.rmtree(directory, ignore_errors=True)
-        print(f"[ftjob-e2e] node stopped; {'could not remove ' if directory.exists() else 'removed '}{directory}",
-              flush=True)
+        print(
+            f"[ftjob-e2e] node stopped; {'could not remove ' if directory.exists() else 'removed '}{directory}",
+            flush=True,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -106,8 +108,11 @@ def _namespace(kubectl: Kubectl, name: str) -> None:
     labels = {"name": name, "labels": RESTRICTED}
     manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": labels}
     kubectl("apply", "-f", "-", input=json.dumps(manifest))
-    wait_for(lambda: kubectl("-n", name, "get", "sa", "default", check=False).returncode == 0,
-             timeout=60, message=f"default ServiceAccount in {name}")  # fmt: skip
+    wait_for(
+        lambda: kubectl("-n", name, "get", "sa", "default", check=False).returncode == 0,
+        timeout=60,
+        message=f"default ServiceAccount in {name}",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -118,12 +123,27 @@ def operator(node_cluster: NodeCluster, kubectl: Kubectl) -> str:
     runtime_tag = RUNTIME_IMAGE.rpartition(":")[2]
     helm = bins.ensure_binary("helm")
     subprocess.run(
-        [str(helm), "install", "ftjob", str(REPO / "charts" / "finetune-operator"), "-n", OPERATOR_NS,
-         f"--kubeconfig={node_cluster.kubeconfig}", "--set", f"operator.image.repository={repo}",
-         "--set", f"operator.image.tag={tag}", "--set", f"runtimeImages.tag={runtime_tag}",
-         "--wait", "--timeout=600s"],  # a first start unpacks the images on 2 busy cores
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            str(helm),
+            "install",
+            "ftjob",
+            str(REPO / "charts" / "finetune-operator"),
+            "-n",
+            OPERATOR_NS,
+            f"--kubeconfig={node_cluster.kubeconfig}",
+            "--set",
+            f"operator.image.repository={repo}",
+            "--set",
+            f"operator.image.tag={tag}",
+            "--set",
+            f"runtimeImages.tag={runtime_tag}",
+            "--wait",
+            "--timeout=600s",
+        ],  # a first start unpacks the images on 2 busy cores
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return OPERATOR_NS
 
 

@@ -49,8 +49,12 @@ def test_rank_killed_after_checkpoint_restarts_group_and_resumes(
     ns, host = job_namespace
     kubectl("-n", ns, "apply", "-f", str(JOBS / "ja-resume.yaml"))
     checkpoints = host / "ja-resume" / ns / "ja-resume" / "checkpoints"
-    wait_for(lambda: checkpoints.is_dir() and any(checkpoints.iterdir()), timeout=JOB_TIMEOUT, interval=1.0,
-             message="a first checkpoint in the output volume")  # fmt: skip
+    wait_for(
+        lambda: checkpoints.is_dir() and any(checkpoints.iterdir()),
+        timeout=JOB_TIMEOUT,
+        interval=1.0,
+        message="a first checkpoint in the output volume",
+    )
     victim = _rank_pods(kubectl, ns, "ja-resume")[-1]
     cid = victim["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
     # Through the runtime, as an OOM killer or a crash would: the kubelet sees exit code 137.
@@ -73,8 +77,11 @@ def test_oom_killed_rank_is_recorded_and_backoff_limit_honoured(
     assert st["phase"] == "Failed", st
     assert any(f.get("reason") == "OOMKilled" for f in st.get("failures", [])), st.get("failures")
     assert st.get("restartCount") == 1, st  # backoffLimit: 1 -> one group restart, then Failed
-    wait_for(lambda: not [p for p in _rank_pods(kubectl, ns, "ja-oom") if p["status"].get("phase") == "Running"],
-             timeout=120, message="no rank pod of the failed job running")  # fmt: skip
+    wait_for(
+        lambda: not [p for p in _rank_pods(kubectl, ns, "ja-oom") if p["status"].get("phase") == "Running"],
+        timeout=120,
+        message="no rank pod of the failed job running",
+    )
 
 
 def test_operator_pod_deleted_mid_training_job_continues_with_same_pods(

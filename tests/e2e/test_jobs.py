@@ -42,8 +42,9 @@ def _diagnose(kubectl: Kubectl, ns: str) -> str:
     return f"pods:\n{pods}\nevents:\n{events}\nlogs:\n" + "\n".join(logs)
 
 
-def _run_to_end(kubectl: Kubectl, ns: str, name: str, watch: Callable[[], None] | None = None,
-                seen: Callable[[], str] | None = None) -> dict[str, Any]:
+def _run_to_end(
+    kubectl: Kubectl, ns: str, name: str, watch: Callable[[], None] | None = None, seen: Callable[[], str] | None = None
+) -> dict[str, Any]:
     """Poll until job `name` is Succeeded or Failed (calling `watch` at each poll); on timeout fail the test
     with the namespace's pods, events and logs (and what `seen` says)."""
 
@@ -136,8 +137,9 @@ dist.destroy_process_group()
 """
 
 
-def test_bare_torchrun_command_forms_one_world_across_two_pods(kubectl: Kubectl,
-                                                               job_namespace: tuple[str, Path]) -> None:
+def test_bare_torchrun_command_forms_one_world_across_two_pods(
+    kubectl: Kubectl, job_namespace: tuple[str, Path]
+) -> None:
     """`command: [torchrun, script]` with no flags, as in a PyTorchJob: without the PET_* variables each pod
     would train a world of its own (rank 0 of 1); with them both pods join one world through rank 0's DNS name."""
     ns, host = job_namespace
@@ -166,8 +168,9 @@ def _first_step_after_start(kubectl: Kubectl, ns: str, pod: str) -> float:
     raise AssertionError(f"no training step in {pod}'s log")
 
 
-def test_compile_cache_shared_by_two_jobs_is_warm_for_the_second(kubectl: Kubectl,
-                                                                  job_namespace: tuple[str, Path]) -> None:
+def test_compile_cache_shared_by_two_jobs_is_warm_for_the_second(
+    kubectl: Kubectl, job_namespace: tuple[str, Path]
+) -> None:
     """Two consecutive jobs on one compile-cache claim, each with a precompile trial: the first compiles, the
     second's trial finds every graph in the cache. status.compileCache says so (from the trial's termination
     message), and the second reaches its first training step sooner. By how much: `make bench` (compile-cache)."""
@@ -186,6 +189,7 @@ def test_compile_cache_shared_by_two_jobs_is_warm_for_the_second(kubectl: Kubect
     assert warm and warm["warm"] is True and warm["graphMisses"] == 0 and warm["graphHits"] > 0, reports
     assert warm["entriesBefore"] >= cold["entriesAfter"] > 0, reports
     events = kubectl("-n", ns, "get", "events", "--field-selector=involvedObject.name=warm-cache", "-o", "json")
-    assert any(e["reason"] == "CompileCache" and "warm" in e["message"]
-               for e in json.loads(events.stdout)["items"]), events.stdout[-2000:]
+    assert any(e["reason"] == "CompileCache" and "warm" in e["message"] for e in json.loads(events.stdout)["items"]), (
+        events.stdout[-2000:]
+    )
     assert delays["warm-cache"] < delays["cold-cache"], delays

@@ -98,18 +98,25 @@ def _outsider(kubectl: Kubectl, ns: str, image: str) -> str:
         "metadata": {"name": "outsider", "namespace": ns, "labels": {"app": "outsider"}},
         "spec": {
             "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "probe", "image": image, "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-c", "import time; time.sleep(3600)"],
-                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-            }],
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python3", "-c", "import time; time.sleep(3600)"],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                }
+            ],
             "terminationGracePeriodSeconds": 0,
         },
-    }  # fmt: skip
+    }
     kubectl("apply", "-f", "-", input=json.dumps(pod))
-    wait_for(lambda: kubectl("-n", ns, "get", "pod", "outsider", "-o", "jsonpath={.status.phase}").stdout == "Running",
-             timeout=180, message="outsider pod Running")  # fmt: skip
+    wait_for(
+        lambda: kubectl("-n", ns, "get", "pod", "outsider", "-o", "jsonpath={.status.phase}").stdout == "Running",
+        timeout=180,
+        message="outsider pod Running",
+    )
     return "outsider"
 
 
@@ -148,15 +155,29 @@ def _set_network_policy(cluster: Any, release_ns: str, enabled: bool) -> None:
     checksum rolls the operator pod, which reads its configuration at start."""
     helm = bins.ensure_binary("helm")
     subprocess.run(
-        [str(helm), "upgrade", "ftjob", str(REPO / "charts" / "finetune-operator"), "-n", release_ns,
-         f"--kubeconfig={cluster.kubeconfig}", "--reuse-values",
-         "--set", f"networkPolicy.enabled={str(enabled).lower()}", "--wait", "--timeout=600s"],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            str(helm),
+            "upgrade",
+            "ftjob",
+            str(REPO / "charts" / "finetune-operator"),
+            "-n",
+            release_ns,
+            f"--kubeconfig={cluster.kubeconfig}",
+            "--reuse-values",
+            "--set",
+            f"networkPolicy.enabled={str(enabled).lower()}",
+            "--wait",
+            "--timeout=600s",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
 
 
-def _run_gated_job(kubectl: Kubectl, ns: str, host: Path, cluster: Any, name: str, outsider: str,
-                   policed: bool) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+def _run_gated_job(
+    kubectl: Kubectl, ns: str, host: Path, cluster: Any, name: str, outsider: str, policed: bool
+) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
     """Apply the gated job as `name`; once both ranks joined one world, probe rank 0's rendezvous port from the
     outsider, then release the ranks. Returns (probe result, finished job, rank results)."""
     job = yaml.safe_load(JOB_YAML.read_text())
@@ -164,14 +185,21 @@ def _run_gated_job(kubectl: Kubectl, ns: str, host: Path, cluster: Any, name: st
     kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(job))
     out = host / "netpol" / ns / name
     try:
-        wait_for(lambda: (out / "ready-rank0").exists() and (out / "ready-rank1").exists(), timeout=JOB_TIMEOUT,
-                 interval=1.0, message=f"{name}: both ranks joined one world")  # fmt: skip
+        wait_for(
+            lambda: (out / "ready-rank0").exists() and (out / "ready-rank1").exists(),
+            timeout=JOB_TIMEOUT,
+            interval=1.0,
+            message=f"{name}: both ranks joined one world",
+        )
     except TimeoutError:
         pytest.fail(f"{name}: ranks did not rendezvous:\n{_diagnose(kubectl, ns, cluster)}")
     rank0_ip = _pod_ip(kubectl, ns, f"{name}-rank-0")
     if policed:  # probe only once the agent polices rank 0 (policies are eventually consistent)
-        wait_for(lambda: kubectl("-n", ns, "get", "networkpolicy", name, check=False).returncode == 0,
-                 timeout=60, message=f"the operator made NetworkPolicy {name}")  # fmt: skip
+        wait_for(
+            lambda: kubectl("-n", ns, "get", "networkpolicy", name, check=False).returncode == 0,
+            timeout=60,
+            message=f"the operator made NetworkPolicy {name}",
+        )
         wait_for(lambda: rank0_ip in _policed_ips(), timeout=60, message=f"the agent polices {rank0_ip}")
     else:
         assert kubectl("-n", ns, "get", "networkpolicy", "-o", "name").stdout.strip() == ""
@@ -179,8 +207,9 @@ def _run_gated_job(kubectl: Kubectl, ns: str, host: Path, cluster: Any, name: st
     probe = _probe(kubectl, ns, outsider, rank0_ip)
     (out / "go").write_text("")
     try:
-        done = wait_for(lambda: _finished(kubectl, ns, name), timeout=JOB_TIMEOUT, interval=2.0,
-                        message=f"{name} to finish")  # fmt: skip
+        done = wait_for(
+            lambda: _finished(kubectl, ns, name), timeout=JOB_TIMEOUT, interval=2.0, message=f"{name} to finish"
+        )
     except TimeoutError:
         pytest.fail(f"{name} did not finish:\n{_diagnose(kubectl, ns, cluster)}")
     ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
@@ -214,6 +243,8 @@ def test_outsider_cannot_reach_rank0_rendezvous_port_while_the_ranks_can(request
         assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns, cluster)}"
         # Rank 1 opened a new connection to rank 0's rendezvous port after the outsider was dropped.
         assert [(r["rank"], r["world"], r["sum"], r["reach"]) for r in ranks] == [
-            (0, 2, 3.0, "connected"), (1, 2, 3.0, "connected")], ranks  # fmt: skip
+            (0, 2, 3.0, "connected"),
+            (1, 2, 3.0, "connected"),
+        ], ranks
     finally:
         _set_network_policy(cluster, release_ns, False)  # the session's other tests run under the release as installed

@@ -123,14 +123,19 @@ class OperatorProcess:
         self._log = log.open("ab")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         ftjob = str(Path(sys.executable).with_name("ftjob"))
-        self.process = subprocess.Popen([ftjob, "operator", "--metrics-port", str(self.metrics), "--health-port",
-                                         str(self.health), *(extra or [])], env=env, stdout=self._log,
-                                        stderr=subprocess.STDOUT)  # fmt: skip
+        self.process = subprocess.Popen(
+            [ftjob, "operator", "--metrics-port", str(self.metrics), "--health-port", str(self.health), *(extra or [])],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
 
     def healthy(self) -> bool:
         if self.process.poll() is not None:
-            raise RuntimeError(f"operator exited with {self.process.returncode}; log {self.log_path}:\n"
-                               f"{self.log_path.read_text()[-4000:]}")  # fmt: skip
+            raise RuntimeError(
+                f"operator exited with {self.process.returncode}; log {self.log_path}:\n"
+                f"{self.log_path.read_text()[-4000:]}"
+            )
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/healthz", timeout=1) as r:
                 return bool(r.status == 200)
@@ -140,8 +145,11 @@ class OperatorProcess:
     def reconciles(self) -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics", timeout=5) as r:
             text = r.read().decode()
-        return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith("finetune_operator_reconciles_total "))  # fmt: skip
+        return sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("finetune_operator_reconciles_total ")
+        )
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
@@ -170,8 +178,12 @@ def children(kube_api: client.ApiClient, ns: str) -> list[dict[str, Any]]:
     core = client.CoreV1Api(kube_api)
     sel = f"{c.LABEL_MANAGED_BY}={c.MANAGED_BY}"
     out: list[dict[str, Any]] = []
-    for kind, lister in (("Pod", core.list_namespaced_pod), ("Service", core.list_namespaced_service),
-                         ("ConfigMap", core.list_namespaced_config_map), ("Secret", core.list_namespaced_secret)):
+    for kind, lister in (
+        ("Pod", core.list_namespaced_pod),
+        ("Service", core.list_namespaced_service),
+        ("ConfigMap", core.list_namespaced_config_map),
+        ("Secret", core.list_namespaced_secret),
+    ):
         for obj in lister(ns, label_selector=sel).items:
             d = kube_api.sanitize_for_serialization(obj)
             d["kind"] = kind
@@ -180,7 +192,7 @@ def children(kube_api: client.ApiClient, ns: str) -> list[dict[str, Any]]:
 
 
 def expected_children(job: dict[str, Any]) -> set[str]:
-    """"Kind/name" of every child the job should have in its current attempt (builders.desired)."""
+    """ "Kind/name" of every child the job should have in its current attempt (builders.desired)."""
     keys = SshKeys("k", "p", "hk", "hp")
     want = desired(validate(job), attempt=int((job.get("status") or {}).get("restartCount") or 0), ssh_keys=keys)
     return {f"{o['kind']}/{o['metadata']['name']}" for o in want.all()}
@@ -227,8 +239,9 @@ def violations(kube_api: client.ApiClient, ns: str) -> list[str]:
         phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") or "Pending" for p in current[uid]}
         failed = sorted(n for n, phase in phases.items() if phase == "Failed")
         if failed:
-            problems.append(f"{name}: {failed} of attempt {st.get('restartCount') or 0} failed, status still "
-                            f"{st.get('phase')}")  # fmt: skip
+            problems.append(
+                f"{name}: {failed} of attempt {st.get('restartCount') or 0} failed, status still {st.get('phase')}"
+            )
         ranks = [p for p in current[uid] if p["metadata"]["labels"].get(c.LABEL_ROLE) in (c.ROLE_RANK, c.ROLE_WORKER)]
         up = sum(phases[p["metadata"]["name"]] in ("Running", "Succeeded") for p in ranks)
         if (st.get("ranks") or {}).get("ready") != up:
@@ -279,8 +292,15 @@ def rng(scenario: str) -> random.Random:
 
 
 # -- one job's whole life, driven as a kubelet would ------------------------------------------------------------
-def lifecycle(kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, ns: str, name: str,
-              timeout: float = 90, during: Callable[[], None] = lambda: None) -> None:
+def lifecycle(
+    kubectl: Any,
+    kube_api: client.ApiClient,
+    kubelet: Kubelet,
+    ns: str,
+    name: str,
+    timeout: float = 90,
+    during: Callable[[], None] = lambda: None,
+) -> None:
     """Create a 2-rank job; pods Running -> Running phase; rank 1 fails -> one group restart with new pods;
     Running again; both ranks Succeeded -> Succeeded. `during()` runs between the steps (a fault to inject)."""
     from operator_support import job_yaml
@@ -300,9 +320,15 @@ def lifecycle(kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, ns: st
     wait_until(lambda: st().get("phase") == "Running", timeout, f"{name}: Running")
     kubelet.set_status(f"{name}-rank-1", "Failed", exit_code=1, message="injected")
     during()
-    wait_until(lambda: st().get("restartCount") == 1 and len(kubelet.live_pods(name)) == 2 and all(
-        p.metadata.labels[c.LABEL_ATTEMPT] == "1" for p in kubelet.live_pods(name)), timeout,
-        f"{name}: a group restart with attempt 1's pods")  # fmt: skip
+    wait_until(
+        lambda: (
+            st().get("restartCount") == 1
+            and len(kubelet.live_pods(name)) == 2
+            and all(p.metadata.labels[c.LABEL_ATTEMPT] == "1" for p in kubelet.live_pods(name))
+        ),
+        timeout,
+        f"{name}: a group restart with attempt 1's pods",
+    )
     run_all()
     wait_until(lambda: st().get("phase") == "Running", timeout, f"{name}: Running after the restart")
     during()

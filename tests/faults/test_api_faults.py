@@ -41,9 +41,18 @@ def _operator(kubeconfig: Path, log: Path) -> OperatorProcess:
     return op
 
 
-def _lifecycles(rec: Record, prefix: str, trials: int, kubectl: Any, kube_api: Any, kubelet: Kubelet, namespace: str,
-                timeout: float, during: Callable[[], None] = lambda: None,
-                check: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+def _lifecycles(
+    rec: Record,
+    prefix: str,
+    trials: int,
+    kubectl: Any,
+    kube_api: Any,
+    kubelet: Kubelet,
+    namespace: str,
+    timeout: float,
+    during: Callable[[], None] = lambda: None,
+    check: Callable[[], None] = lambda: None,
+) -> None:
     """`trials` whole job lives (faultlib.lifecycle) one after another, jobs `{prefix}-0`, `{prefix}-1`, ...; after
     each, no duplicate or orphaned child and `check()` holds. Each life counts in rec.trials; a failed assertion
     goes to rec.failures and stops the test."""
@@ -59,16 +68,25 @@ def _lifecycles(rec: Record, prefix: str, trials: int, kubectl: Any, kube_api: A
             rec.trials += 1
 
 
-def test_api_server_restarted_under_a_running_operator(crd: None, local_cluster: LocalCluster | None, kubectl: Any,
-                                                       kube_api: Any, kubeconfig: Path, namespace: str,
-                                                       kubelet: Kubelet, tmp_path: Path) -> None:  # fmt: skip
+def test_api_server_restarted_under_a_running_operator(
+    crd: None,
+    local_cluster: LocalCluster | None,
+    kubectl: Any,
+    kube_api: Any,
+    kubeconfig: Path,
+    namespace: str,
+    kubelet: Kubelet,
+    tmp_path: Path,
+) -> None:
     if local_cluster is None:
         pytest.skip("restarts the session's own kube-apiserver (not possible with FTJOB_KUBECONFIG)")
     trials = 2 if LONG else 1
-    rec = record("test_api_server_restarted_under_a_running_operator",
-                 "kube-apiserver stopped (SIGTERM) and started again on the same port at each step of a job's "
-                 "life (long variant): after the create, with pods running, after a rank failure, before the "
-                 "end")  # fmt: skip
+    rec = record(
+        "test_api_server_restarted_under_a_running_operator",
+        "kube-apiserver stopped (SIGTERM) and started again on the same port at each step of a job's "
+        "life (long variant): after the create, with pods running, after a rank failure, before the "
+        "end",
+    )
     op = _operator(kubeconfig, tmp_path / "operator.log")
     downtimes: list[float] = []
     steps = [0]
@@ -82,20 +100,35 @@ def test_api_server_restarted_under_a_running_operator(crd: None, local_cluster:
         assert op.process.poll() is None, "the operator exited"
 
     try:
-        _lifecycles(rec, "restart", trials, kubectl, kube_api, kubelet, namespace, timeout=180, during=restart,
-                    check=operator_alive)  # fmt: skip
-        rec.notes.append(f"{len(downtimes)} restarts, API down {min(downtimes):.1f}-{max(downtimes):.1f} s each; "
-                         "the same operator process went on")  # fmt: skip
+        _lifecycles(
+            rec,
+            "restart",
+            trials,
+            kubectl,
+            kube_api,
+            kubelet,
+            namespace,
+            timeout=180,
+            during=restart,
+            check=operator_alive,
+        )
+        rec.notes.append(
+            f"{len(downtimes)} restarts, API down {min(downtimes):.1f}-{max(downtimes):.1f} s each; "
+            "the same operator process went on"
+        )
     finally:
         op.stop()
 
 
-def test_watch_streams_cut_at_random(crd: None, kubectl: Any, kube_api: Any, kubeconfig: Path, namespace: str,
-                                     kubelet: Kubelet, tmp_path: Path) -> None:  # fmt: skip
+def test_watch_streams_cut_at_random(
+    crd: None, kubectl: Any, kube_api: Any, kubeconfig: Path, namespace: str, kubelet: Kubelet, tmp_path: Path
+) -> None:
     trials = 3 if LONG else 1
-    rec = record("test_watch_streams_cut_at_random",
-                 "every connection between the operator and the API server (watches, requests) closed by a "
-                 "loopback proxy every 0.5-3 s at random, for a job's whole life")  # fmt: skip
+    rec = record(
+        "test_watch_streams_cut_at_random",
+        "every connection between the operator and the API server (watches, requests) closed by a "
+        "loopback proxy every 0.5-3 s at random, for a job's whole life",
+    )
     r = rng(rec.scenario)
     proxy = DelayProxy(server_port(kubeconfig))
     op = _operator(proxy.kubeconfig(kubeconfig, tmp_path / "proxy.kubeconfig"), tmp_path / "operator.log")
@@ -118,12 +151,16 @@ def test_watch_streams_cut_at_random(crd: None, kubectl: Any, kube_api: Any, kub
         proxy.close()
 
 
-def test_slow_api(crd: None, kubectl: Any, kube_api: Any, kubeconfig: Path, namespace: str, kubelet: Kubelet,
-                  tmp_path: Path) -> None:  # fmt: skip
+def test_slow_api(
+    crd: None, kubectl: Any, kube_api: Any, kubeconfig: Path, namespace: str, kubelet: Kubelet, tmp_path: Path
+) -> None:
     delay = 0.25
     trials = 2 if LONG else 1
-    rec = record("test_slow_api", f"{delay * 1000:.0f} ms added by a loopback proxy before every chunk the "
-                 "operator sends to the API server (each request takes at least that; a pass several times it)")
+    rec = record(
+        "test_slow_api",
+        f"{delay * 1000:.0f} ms added by a loopback proxy before every chunk the "
+        "operator sends to the API server (each request takes at least that; a pass several times it)",
+    )
     proxy = DelayProxy(server_port(kubeconfig), delay=delay)
     op = _operator(proxy.kubeconfig(kubeconfig, tmp_path / "proxy.kubeconfig"), tmp_path / "operator.log")
     try:
@@ -133,15 +170,17 @@ def test_slow_api(crd: None, kubectl: Any, kube_api: Any, kubeconfig: Path, name
         proxy.close()
 
 
-def test_two_operators_race_every_write(crd: None, kubectl: Any, kube_api: Any, kubeconfig: Path, namespace: str,
-                                        kubelet: Kubelet, tmp_path: Path) -> None:  # fmt: skip
+def test_two_operators_race_every_write(
+    crd: None, kubectl: Any, kube_api: Any, kubeconfig: Path, namespace: str, kubelet: Kubelet, tmp_path: Path
+) -> None:
     """A conflicting writer: a second operator process (a stuck old replica, a botched rollout) reconciles the
     same jobs. Every child create races (one of them meets a 409 and reads the object back), both patch the
     status, and a rank failure must still count as one restart."""
     trials = 3 if LONG else 1
-    rec = record("test_two_operators_race_every_write",
-                 "a second operator process on the same jobs: 409 AlreadyExists on child creates, interleaved "
-                 "status patches")  # fmt: skip
+    rec = record(
+        "test_two_operators_race_every_write",
+        "a second operator process on the same jobs: 409 AlreadyExists on child creates, interleaved status patches",
+    )
     ops = [_operator(kubeconfig, tmp_path / f"operator-{i}.log") for i in range(2)]
     try:
         _lifecycles(rec, "race", trials, kubectl, kube_api, kubelet, namespace, timeout=120)

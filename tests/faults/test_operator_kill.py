@@ -43,23 +43,30 @@ def _all_running(kube_api: Any, ns: str, kubelet: Kubelet) -> bool:
             except client.exceptions.ApiException as e:
                 if e.status != 404:
                     raise
-    return all((j.get("status") or {}).get("phase") == "Running"
-               and j["status"]["ranks"]["ready"] == j["status"]["ranks"]["total"]
-               for j in jobs(kube_api, ns).values())  # fmt: skip
+    return all(
+        (j.get("status") or {}).get("phase") == "Running"
+        and j["status"]["ranks"]["ready"] == j["status"]["ranks"]["total"]
+        for j in jobs(kube_api, ns).values()
+    )
 
 
 def _pods(kubelet: Kubelet, job: str) -> str:
     """The job's pods as name/attempt/phase/uid, for a failure message."""
-    return ", ".join(f"{p.metadata.name}/a{p.metadata.labels.get(c.LABEL_ATTEMPT)}/{p.status.phase}/"
-                     f"{p.metadata.uid[:8]}" for p in kubelet.pods(job))  # fmt: skip
+    return ", ".join(
+        f"{p.metadata.name}/a{p.metadata.labels.get(c.LABEL_ATTEMPT)}/{p.status.phase}/{p.metadata.uid[:8]}"
+        for p in kubelet.pods(job)
+    )
 
 
-def test_operator_sigkilled_at_random_points(crd: None, kube_api: Any, kubectl: Any, kubeconfig: Path,
-                                             namespace: str, tmp_path: Path) -> None:  # fmt: skip
-    rec = record("test_operator_sigkilled_at_random_points",
-                 f"SIGKILL of the operator at a uniformly random 0-1.5 s after an action (create a torchrun or MPI "
-                 f"job, fail a running rank, delete a job), API traffic delayed {DELAY_S * 1000:.0f} ms per chunk; "
-                 "then a new operator process")  # fmt: skip
+def test_operator_sigkilled_at_random_points(
+    crd: None, kube_api: Any, kubectl: Any, kubeconfig: Path, namespace: str, tmp_path: Path
+) -> None:
+    rec = record(
+        "test_operator_sigkilled_at_random_points",
+        f"SIGKILL of the operator at a uniformly random 0-1.5 s after an action (create a torchrun or MPI "
+        f"job, fail a running rank, delete a job), API traffic delayed {DELAY_S * 1000:.0f} ms per chunk; "
+        "then a new operator process",
+    )
     r = rng(rec.scenario)
     proxy = DelayProxy(server_port(kubeconfig), delay=DELAY_S)
     kc = proxy.kubeconfig(kubeconfig, tmp_path / "proxy.kubeconfig")
@@ -85,8 +92,13 @@ def test_operator_sigkilled_at_random_points(crd: None, kube_api: Any, kubectl: 
             elif action == "delete":
                 victim = r.choice(sorted(current))
                 client.CustomObjectsApi(kube_api).delete_namespaced_custom_object(
-                    "finetune.dev", "v1alpha1", namespace, "finetunejobs", victim,
-                    body=client.V1DeleteOptions(propagation_policy="Background"))  # fmt: skip
+                    "finetune.dev",
+                    "v1alpha1",
+                    namespace,
+                    "finetunejobs",
+                    victim,
+                    body=client.V1DeleteOptions(propagation_policy="Background"),
+                )
             else:
                 victim = r.choice(sorted(running))
                 before = int(current[victim]["status"].get("restartCount") or 0)
@@ -107,18 +119,23 @@ def test_operator_sigkilled_at_random_points(crd: None, kube_api: Any, kubectl: 
                 after = jobs(kube_api, namespace)
                 for name, want in expect_restarts.items():
                     got = int(after[name]["status"].get("restartCount") or 0)
-                    assert got == want, (f"{name}: restartCount {got}, expected {want} (a restart lost or doubled; "
-                                         f"{failed} failed; pods now {_pods(kubelet, name)}); seed {SEED}; "
-                                         f"status {after[name]['status']}; events "
-                                         + kubectl("get", "events", "-n", namespace, "-o", "wide").stdout)
+                    assert got == want, (
+                        f"{name}: restartCount {got}, expected {want} (a restart lost or doubled; "
+                        f"{failed} failed; pods now {_pods(kubelet, name)}); seed {SEED}; "
+                        f"status {after[name]['status']}; events "
+                        + kubectl("get", "events", "-n", namespace, "-o", "wide").stdout
+                    )
             except AssertionError as e:  # recorded; the trials go on (a rate is worth more than the first miss)
                 rec.failures.append(f"trial {trial} ({action}): {e}"[:300])
             finally:
                 rec.trials += 1
-        assert not rec.failures, (f"{len(rec.failures)}/{rec.trials} trials failed (seed {SEED}):\n"
-                                  + "\n".join(rec.failures))
-        rec.notes.append(f"{made} jobs created, {failures_injected} rank failures injected, each counted exactly "
-                         "once; every trial converged with no duplicate or orphan")
+        assert not rec.failures, f"{len(rec.failures)}/{rec.trials} trials failed (seed {SEED}):\n" + "\n".join(
+            rec.failures
+        )
+        rec.notes.append(
+            f"{made} jobs created, {failures_injected} rank failures injected, each counted exactly "
+            "once; every trial converged with no duplicate or orphan"
+        )
     finally:
         op.stop()
         kubelet.stop()

@@ -34,6 +34,8 @@ def test_every_test_records_its_scenario() -> None:
 def test_reliability_doc_lists_exactly_the_suites_scenarios() -> None:
     text = DOC.read_text()
     listed = set(re.findall(r"^\| `(test_\w+)` \|", text, re.M))
-    assert listed == declared(), ("docs/reliability.md is out of date: run `make test-faults` (writes it); "
-                                  f"missing {sorted(declared() - listed)}, extra {sorted(listed - declared())}")
+    assert listed == declared(), (
+        "docs/reliability.md is out of date: run `make test-faults` (writes it); "
+        f"missing {sorted(declared() - listed)}, extra {sorted(listed - declared())}"
+    )
     assert "Variant: long." in text, "docs/reliability.md must come from the long variants (`make test-faults`)"

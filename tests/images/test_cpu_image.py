@@ -220,8 +220,9 @@ def test_mpi_launcher_and_two_ssh_workers(docker: Docker, image: str, tmp_path: 
     # The job's key pair, the host key and the launcher's known_hosts of the workers' names, made with the image's
     # own ssh-keygen (what the operator's Secret holds), split per role as the pods mount it: the launcher gets the
     # client key and known_hosts, the workers the host key and authorized_keys.
-    known = " && ".join(f"echo \"[{w}]:2222 $(cut -d' ' -f1,2 ssh_host_ed25519_key.pub)\" >> known_hosts"
-                        for w in workers)
+    known = " && ".join(
+        f"echo \"[{w}]:2222 $(cut -d' ' -f1,2 ssh_host_ed25519_key.pub)\" >> known_hosts" for w in workers
+    )
     _sh(
         docker,
         image,
@@ -265,8 +266,9 @@ def test_mpi_launcher_and_two_ssh_workers(docker: Docker, image: str, tmp_path: 
     try:
         for w in workers:
             worker_keys = f"{ssh_dir / 'worker'}:/etc/ftjob/ssh:ro"
-            docker.run(["run", "-d", "--name", w, "--hostname", w, *common, "-v", worker_keys, image,
-                        "ftjob-runtime", "sshd"])
+            docker.run(
+                ["run", "-d", "--name", w, "--hostname", w, *common, "-v", worker_keys, image, "ftjob-runtime", "sshd"]
+            )
         proc = docker.run(
             [
                 "run",

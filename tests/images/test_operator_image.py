@@ -153,8 +153,9 @@ def test_code_is_byte_compiled_at_build_time(docker: Docker, operator_image: str
 
 def test_crd_on_read_only_rootfs_matches_the_host(docker: Docker, operator_image: str) -> None:
     in_image = _run(docker, operator_image, "crd")
-    host = subprocess.run([str(Path(sys.executable).with_name("ftjob")), "crd"], capture_output=True, text=True,
-                          check=True, timeout=60).stdout  # fmt: skip
+    host = subprocess.run(
+        [str(Path(sys.executable).with_name("ftjob")), "crd"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
     assert in_image == host
     assert yaml.safe_load(in_image)["metadata"]["name"] == "finetunejobs.finetune.dev"
 
@@ -197,8 +198,11 @@ def namespace(kubectl: Kubectl) -> str:
     name = f"t-operator-image-{uuid.uuid4().hex[:6]}"
     kubectl("create", "namespace", name)
     # Pods are rejected until the controller-manager has made the namespace's default ServiceAccount.
-    wait_for(lambda: kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
-             timeout=60, message=f"ServiceAccount default in {name}")  # fmt: skip
+    wait_for(
+        lambda: kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        timeout=60,
+        message=f"ServiceAccount default in {name}",
+    )
     return name
 
 
@@ -226,9 +230,29 @@ def test_operator_image_reconciles_a_sample_on_a_control_plane(
     install_crd(kubectl, wait_for)
     health, metrics = free_port(), free_port()
     name = f"ftjob-operator-test-{uuid.uuid4().hex[:8]}"
-    docker.run(["run", "-d", "--name", name, "--network", "host", "--read-only", "--tmpfs", "/tmp",
-                "-v", f"{container_kubeconfig}:/kube/config:ro", "-e", "KUBECONFIG=/kube/config",
-                operator_image, "operator", "--health-port", str(health), "--metrics-port", str(metrics)])  # fmt: skip
+    docker.run(
+        [
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            "host",
+            "--read-only",
+            "--tmpfs",
+            "/tmp",
+            "-v",
+            f"{container_kubeconfig}:/kube/config:ro",
+            "-e",
+            "KUBECONFIG=/kube/config",
+            operator_image,
+            "operator",
+            "--health-port",
+            str(health),
+            "--metrics-port",
+            str(metrics),
+        ]
+    )
 
     def logs() -> str:
         proc = docker.run(["logs", "--tail", "80", name], check=False)
@@ -254,8 +278,12 @@ def test_operator_image_reconciles_a_sample_on_a_control_plane(
         job_obj = _get(kubectl, "finetunejob", job_name, "-n", namespace)
         assert job_obj is not None
         uid = job_obj["metadata"]["uid"]
-        wanted = [("service", job_name), ("configmap", f"{job_name}-config"),
-                  ("pod", f"{job_name}-rank-0"), ("pod", f"{job_name}-rank-1")]  # fmt: skip
+        wanted = [
+            ("service", job_name),
+            ("configmap", f"{job_name}-config"),
+            ("pod", f"{job_name}-rank-0"),
+            ("pod", f"{job_name}-rank-1"),
+        ]
 
         def children() -> list[dict[str, Any]] | None:
             running()

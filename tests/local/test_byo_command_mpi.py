@@ -21,17 +21,27 @@ IMPLS = [*MPI_IMPLEMENTATIONS, *(f"intel-{v}" for v in sorted(set(impi_versions(
 RANK = 'int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "-1")))'
 
 
-def _run(request: pytest.FixtureRequest, tmp_path: Path, impl: str, prog: str | list[str], timeout: float = 120,
-         **extra: str) -> tuple[subprocess.CompletedProcess[str], SentinelHome]:
+def _run(
+    request: pytest.FixtureRequest, tmp_path: Path, impl: str, prog: str | list[str], timeout: float = 120, **extra: str
+) -> tuple[subprocess.CompletedProcess[str], SentinelHome]:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n" if impl == "openmpi" else "localhost:2\n")
     home = SentinelHome(tmp_path / "home")
-    env = {**os.environ, **mpi_env(request, impl), "HOME": str(home.path), "FTJOB_HOSTFILE": str(hostfile),
-           "FTJOB_WORLD_SIZE": "2", "FTJOB_MPI_SLOTS_PER_NODE": "2", "FTJOB_SSH_DIR": str(tmp_path / "ssh"),
-           "FTJOB_SSH_SECRET_DIR": str(tmp_path / "none"), **extra}
+    env = {
+        **os.environ,
+        **mpi_env(request, impl),
+        "HOME": str(home.path),
+        "FTJOB_HOSTFILE": str(hostfile),
+        "FTJOB_WORLD_SIZE": "2",
+        "FTJOB_MPI_SLOTS_PER_NODE": "2",
+        "FTJOB_SSH_DIR": str(tmp_path / "ssh"),
+        "FTJOB_SSH_SECRET_DIR": str(tmp_path / "none"),
+        **extra,
+    }
     argv = [sys.executable, "-c", prog] if isinstance(prog, str) else prog
-    r = subprocess.run([RUNTIME, "mpirun", "--", *argv], env=env, capture_output=True, text=True, timeout=timeout,
-                       cwd=tmp_path)
+    r = subprocess.run(
+        [RUNTIME, "mpirun", "--", *argv], env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path
+    )
     return r, home
 
 
@@ -56,15 +66,17 @@ def test_failed_rank_ends_the_run(tmp_path: Path, impl: str, request: pytest.Fix
     fails and no rank is left. (OpenMPI kills the other ranks itself; Hydra, MPICH's and Intel's, kills them only
     for MPI programs and otherwise waits until they notice the dead peer, as gloo/oneCCL do.)"""
     port = tmp_path / "rank0.port"
-    prog = (f"import os, socket, sys, time\nr = {RANK}\n"
-            f"if r == 0:\n"
-            f"    s = socket.create_server(('127.0.0.1', 0)); open({str(port)!r} + '.tmp', 'w').write("
-            f"f'{{os.getpid()}} {{s.getsockname()[1]}}'); os.rename({str(port)!r} + '.tmp', {str(port)!r})\n"
-            f"    c, _ = s.accept(); c.recv(1) or sys.exit('rank 0: peer gone')\n"
-            f"end = time.monotonic() + 60\n"
-            f"while not os.path.exists({str(port)!r}) and time.monotonic() < end:\n    time.sleep(0.1)\n"
-            f"socket.create_connection(('127.0.0.1', int(open({str(port)!r}).read().split()[1])))\n"
-            f"os.write(2, b'rank 1 fails\\n'); os._exit(7)\n")
+    prog = (
+        f"import os, socket, sys, time\nr = {RANK}\n"
+        f"if r == 0:\n"
+        f"    s = socket.create_server(('127.0.0.1', 0)); open({str(port)!r} + '.tmp', 'w').write("
+        f"f'{{os.getpid()}} {{s.getsockname()[1]}}'); os.rename({str(port)!r} + '.tmp', {str(port)!r})\n"
+        f"    c, _ = s.accept(); c.recv(1) or sys.exit('rank 0: peer gone')\n"
+        f"end = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(port)!r}) and time.monotonic() < end:\n    time.sleep(0.1)\n"
+        f"socket.create_connection(('127.0.0.1', int(open({str(port)!r}).read().split()[1])))\n"
+        f"os.write(2, b'rank 1 fails\\n'); os._exit(7)\n"
+    )
     started = time.monotonic()
     r, home = _run(request, tmp_path, impl, prog)
     assert r.returncode != 0, r.stdout + r.stderr
@@ -79,13 +91,20 @@ def test_failed_rank_ends_the_run(tmp_path: Path, impl: str, request: pytest.Fix
 
 
 @pytest.mark.parametrize("impl", [i for i in IMPLS if i.startswith("intel-")])
-def test_intel_mpi_program_runs_with_the_wheels_library(tmp_path: Path, impl: str,
-                                                        request: pytest.FixtureRequest) -> None:
+def test_intel_mpi_program_runs_with_the_wheels_library(
+    tmp_path: Path, impl: str, request: pytest.FixtureRequest
+) -> None:
     """An MPI program (the wheel's own IMB-MPI1 benchmark: MPI_Init, messages, MPI_Finalize) as a spec.command:
     with LD_LIBRARY_PATH=$I_MPI_ROOT/lib from the job's env, and no FI_PROVIDER, over loopback."""
     root = mpi_env(request, impl)["I_MPI_ROOT"]
-    r, home = _run(request, tmp_path, impl, [f"{root}/bin/IMB-MPI1", "PingPong", "-msglog", "2:3"],
-                   LD_LIBRARY_PATH=f"{root}/lib", I_MPI_DEBUG="5")
+    r, home = _run(
+        request,
+        tmp_path,
+        impl,
+        [f"{root}/bin/IMB-MPI1", "PingPong", "-msglog", "2:3"],
+        LD_LIBRARY_PATH=f"{root}/lib",
+        I_MPI_DEBUG="5",
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     major_minor = ".".join(impl.partition("-")[2].split(".")[:2])  # Intel prints "Version 2021.15  Build ..."
     assert f"Intel(R) MPI Library, Version {major_minor}" in r.stdout, r.stdout[-3000:]

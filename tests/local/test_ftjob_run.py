@@ -29,13 +29,23 @@ def _job(name: str) -> dict:
 
 def test_local_env_is_the_pod_env_with_local_paths(tmp_path: Path) -> None:
     job = _job("demo-ja-sentiment.yaml")
-    pod_env = {e["name"]: e["value"] for e in desired(job).pods[0]["spec"]["containers"][0]["env"]
-               if "value" in e}
+    pod_env = {e["name"]: e["value"] for e in desired(job).pods[0]["spec"]["containers"][0]["env"] if "value" in e}
     env, nodes, procs, _ = local_env(job, tmp_path, None, None, None)
     assert (nodes, procs) == (1, 2)
-    local_only = {"FTJOB_CONFIG", "FTJOB_CACHE_DIR", "FTJOB_OUTPUT_DIR", "FTJOB_MASTER_ADDR", "FTJOB_MASTER_PORT",
-                  "HF_HOME", "HOME", "OMP_NUM_THREADS", "FTJOB_NODE_RANK", "FTJOB_NAMESPACE", "FTJOB_JOB_NAME",
-                  "FTJOB_SSH_DIR"}
+    local_only = {
+        "FTJOB_CONFIG",
+        "FTJOB_CACHE_DIR",
+        "FTJOB_OUTPUT_DIR",
+        "FTJOB_MASTER_ADDR",
+        "FTJOB_MASTER_PORT",
+        "HF_HOME",
+        "HOME",
+        "OMP_NUM_THREADS",
+        "FTJOB_NODE_RANK",
+        "FTJOB_NAMESPACE",
+        "FTJOB_JOB_NAME",
+        "FTJOB_SSH_DIR",
+    }
     same = {k for k in pod_env if k not in local_only}
     assert {k: env[k] for k in same} == {k: pod_env[k] for k in same}
     assert env["FTJOB_MASTER_ADDR"] == "127.0.0.1"
@@ -57,14 +67,20 @@ def test_local_mpi_hostfile_matches_implementation(tmp_path: Path) -> None:
     assert Path(env["FTJOB_HOSTFILE"]).read_text() == f"localhost:{procs}\n"
 
 
-def _run_example(job: str | Path, workdir: Path, output: str,
-                 env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], dict]:
+def _run_example(
+    job: str | Path, workdir: Path, output: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict]:
     """`ftjob run` of examples/jobs/JOB (or a job file) from the repository root, with HOME a stand-in for a
     user's home that must stay as it was; the run's metrics.json."""
     home = SentinelHome(workdir.parent / f"{workdir.name}-home")
-    r = subprocess.run([FTJOB, "run", "-f", str(ROOT / "examples" / "jobs" / job), "--workdir", str(workdir)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=900,
-                       env={**os.environ, **(env or {}), "HOME": str(home.path)})
+    r = subprocess.run(
+        [FTJOB, "run", "-f", str(ROOT / "examples" / "jobs" / job), "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+        env={**os.environ, **(env or {}), "HOME": str(home.path)},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     home.assert_unchanged()
     return r, json.loads((workdir / "output" / output / "metrics.json").read_text())
@@ -100,12 +116,13 @@ def test_causal_lm_lora_job_trains_two_ranks_and_saves_a_working_adapter(tmp_pat
     out = tmp_path / "w" / "output" / "instruct-mini"
     tok = AutoTokenizer.from_pretrained(str(out / "model"))
     model = AutoPeftModelForCausalLM.from_pretrained(str(out / "model")).eval()
-    text = tok.apply_chat_template([{"role": "user", "content": "What is the opposite of early?"}],
-                                   tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the opposite of early?"}], tokenize=False, add_generation_prompt=True
+    )
     ids = tok(text, add_special_tokens=False, return_tensors="pt")
     with torch.no_grad():
         gen = model.generate(**ids, max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id)
-    answer = tok.decode(gen[0][ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tok.decode(gen[0][ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert answer.strip(), "the adapter generated nothing"
     assert (out / "model-merged" / "model.safetensors").exists()  # task.lora.merge
 
@@ -138,7 +155,8 @@ def test_invalid_job_is_rejected_before_anything_runs(tmp_path: Path) -> None:
     bad["spec"]["training"]["precision"] = "fp8"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
-    r = subprocess.run([FTJOB, "run", "-f", str(path), "--workdir", str(tmp_path / "w")], capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        [FTJOB, "run", "-f", str(path), "--workdir", str(tmp_path / "w")], capture_output=True, text=True
+    )
     assert r.returncode == 1 and "spec.training.precision" in r.stderr
     assert not (tmp_path / "w").exists()

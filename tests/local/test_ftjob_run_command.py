@@ -53,8 +53,12 @@ os.write(1, ("FTJOB_PROGRESS " + json.dumps(rec) + "\\n").encode())
 
 
 def _job(tmp_path: Path, command: list[str], env: dict[str, str] | None = None, **hardware: Any) -> Path:
-    doc: dict[str, Any] = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": "own"},
-                           "spec": {"hardware": {"profile": "cpu", **hardware}, "command": command}}
+    doc: dict[str, Any] = {
+        "apiVersion": "finetune.dev/v1alpha1",
+        "kind": "FineTuneJob",
+        "metadata": {"name": "own"},
+        "spec": {"hardware": {"profile": "cpu", **hardware}, "command": command},
+    }
     if env:
         doc["spec"]["env"] = [{"name": k, "value": v} for k, v in env.items()]
     path = tmp_path / "job.yaml"
@@ -62,10 +66,17 @@ def _job(tmp_path: Path, command: list[str], env: dict[str, str] | None = None, 
     return path
 
 
-def _ftjob_run(tmp_path: Path, job: Path, env: dict[str, str] | None = None,
-               timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FTJOB, "run", "-f", str(job), "--workdir", str(tmp_path / "w")], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=timeout, env={**os.environ, **(env or {})})
+def _ftjob_run(
+    tmp_path: Path, job: Path, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [FTJOB, "run", "-f", str(job), "--workdir", str(tmp_path / "w")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _log(tmp_path: Path, node: int = 0) -> str:
@@ -88,8 +99,9 @@ def test_bare_torchrun_forms_one_world_across_two_nodes(tmp_path: Path) -> None:
 
 def test_accelerate_sync_check_runs_on_two_ranks(tmp_path: Path) -> None:
     # ACCELERATE_USE_CPU: what `accelerate launch --cpu` sets; without it accelerate looks for a GPU backend.
-    job = _job(tmp_path, ["torchrun", str(ACCELERATE_TEST_SYNC)], {"ACCELERATE_USE_CPU": "true"}, nodes=1,
-               procsPerNode=2)
+    job = _job(
+        tmp_path, ["torchrun", str(ACCELERATE_TEST_SYNC)], {"ACCELERATE_USE_CPU": "true"}, nodes=1, procsPerNode=2
+    )
     r = _ftjob_run(tmp_path, job)
     log = _log(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:] + log[-3000:]
@@ -113,10 +125,21 @@ def test_missing_command_is_named_before_anything_runs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("impl", MPI_IMPLEMENTATIONS)
 def test_mpi_command_runs_on_every_rank(tmp_path: Path, impl: str, request: pytest.FixtureRequest) -> None:
-    doc = yaml.safe_load(_job(tmp_path, [sys.executable, "-c", (
-        "import os; r = os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK')); "
-        "os.write(1, f'rank {r} of {os.environ[\"FTJOB_WORLD_SIZE\"]}\\n'.encode())")],
-        nodes=1, procsPerNode=2).read_text())
+    doc = yaml.safe_load(
+        _job(
+            tmp_path,
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import os; r = os.environ.get('PMI_RANK', os.environ.get('OMPI_COMM_WORLD_RANK')); "
+                    "os.write(1, f'rank {r} of {os.environ[\"FTJOB_WORLD_SIZE\"]}\\n'.encode())"
+                ),
+            ],
+            nodes=1,
+            procsPerNode=2,
+        ).read_text()
+    )
     doc["spec"]["launcher"] = "mpi"
     doc["spec"]["mpi"] = {"implementation": impl}
     job = tmp_path / "mpi.yaml"
@@ -142,8 +165,13 @@ def test_progress_is_a_bar_on_a_terminal(tmp_path: Path) -> None:
     job = _job(tmp_path, [sys.executable, "progress.py"])
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    p = subprocess.Popen([FTJOB, "run", "-f", str(job), "--workdir", str(tmp_path / "w")], stdin=slave,
-                         stdout=subprocess.DEVNULL, stderr=slave, cwd=tmp_path)
+    p = subprocess.Popen(
+        [FTJOB, "run", "-f", str(job), "--workdir", str(tmp_path / "w")],
+        stdin=slave,
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+        cwd=tmp_path,
+    )
     os.close(slave)
     chunks: list[bytes] = []
     deadline = time.monotonic() + 120

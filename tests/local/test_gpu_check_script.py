@@ -17,8 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_gpu_check_runs_both_samples_with_the_profile_it_is_given(tmp_path: Path) -> None:
     env = {**os.environ, "PROFILE": "cpu", "PRECISION": "fp32", "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    proc = subprocess.run([str(ROOT / "hack" / "gpu-check.sh")], env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([str(ROOT / "hack" / "gpu-check.sh")], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for sample in ("squad-mini-mpi", "instruct-mini-lora"):
         job = yaml.safe_load((tmp_path / f"{sample}.yaml").read_text())

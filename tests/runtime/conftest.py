@@ -94,7 +94,7 @@ def sample_config(sample: str, hub_root: Path, path: Path) -> JobConfig:
     doc = json.loads(cm["data"]["config.json"])
     files = doc["task"]["dataset"]["dataFiles"]
     assert all(url.startswith(HUB_DATASET) for url in files.values()), files
-    doc["task"]["dataset"]["dataFiles"] = {s: str(hub_root) + "/" + url[len(HUB_DATASET):] for s, url in files.items()}
+    doc["task"]["dataset"]["dataFiles"] = {s: str(hub_root) + "/" + url[len(HUB_DATASET) :] for s, url in files.items()}
     doc["task"]["model"] = str(TINY_BERT_JA)
     path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
     return JobConfig(path)
@@ -125,7 +125,7 @@ def progress_records(text: str) -> list[dict[str, Any]]:
     for line in text.splitlines():
         i = line.find(PROGRESS)
         if i >= 0:
-            out.append(json.loads(line[i + len(PROGRESS):]))
+            out.append(json.loads(line[i + len(PROGRESS) :]))
     return out
 
 
@@ -133,19 +133,47 @@ def runtime_env(tmp: Path, config: Path, **extra: str) -> dict[str, str]:
     """The env contract of docs/architecture.md with local values (what `ftjob run` sets)."""
     # Drop what an earlier test (torch._inductor sets TORCHINDUCTOR_CACHE_DIR in-process) or the caller's
     # shell may carry: each run gets only the contract's variables.
-    env = {k: v for k, v in os.environ.items() if not k.startswith((
-        "FTJOB_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "PMI_", "OMPI_", "TORCHINDUCTOR_", "HF_HOME",
-        "HF_DATASETS_CACHE"))}
-    env.update({
-        "FTJOB_JOB_NAME": "t", "FTJOB_NAMESPACE": "default", "FTJOB_CONFIG": str(config),
-        "FTJOB_PROFILE": "cpu", "FTJOB_BACKEND": "cpu", "FTJOB_LAUNCHER": "torchrun",
-        "FTJOB_NNODES": "1", "FTJOB_NPROC_PER_NODE": "2", "FTJOB_NODE_RANK": "0",
-        "FTJOB_MASTER_ADDR": "127.0.0.1", "FTJOB_MASTER_PORT": str(free_port()),
-        "FTJOB_OUTPUT_DIR": str(tmp / "output"), "FTJOB_CACHE_DIR": str(tmp / "cache"),
-        "FTJOB_MODE": "train", "FTJOB_SSH_PORT": "2222",
-        # Two ranks on two shared cores: one thread each (torchrun does this; mpirun does not).
-        "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-    })
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(
+            (
+                "FTJOB_",
+                "RANK",
+                "LOCAL_RANK",
+                "WORLD_SIZE",
+                "MASTER_",
+                "PMI_",
+                "OMPI_",
+                "TORCHINDUCTOR_",
+                "HF_HOME",
+                "HF_DATASETS_CACHE",
+            )
+        )
+    }
+    env.update(
+        {
+            "FTJOB_JOB_NAME": "t",
+            "FTJOB_NAMESPACE": "default",
+            "FTJOB_CONFIG": str(config),
+            "FTJOB_PROFILE": "cpu",
+            "FTJOB_BACKEND": "cpu",
+            "FTJOB_LAUNCHER": "torchrun",
+            "FTJOB_NNODES": "1",
+            "FTJOB_NPROC_PER_NODE": "2",
+            "FTJOB_NODE_RANK": "0",
+            "FTJOB_MASTER_ADDR": "127.0.0.1",
+            "FTJOB_MASTER_PORT": str(free_port()),
+            "FTJOB_OUTPUT_DIR": str(tmp / "output"),
+            "FTJOB_CACHE_DIR": str(tmp / "cache"),
+            "FTJOB_MODE": "train",
+            "FTJOB_SSH_PORT": "2222",
+            # Two ranks on two shared cores: one thread each (torchrun does this; mpirun does not).
+            "OMP_NUM_THREADS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
     env.update(extra)
     return env
 
@@ -155,8 +183,16 @@ def runtime_argv(*args: str) -> list[str]:
 
 
 def run_runtime(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 420) -> Run:
-    p = subprocess.run(runtime_argv(*args), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=timeout, check=False)
+    p = subprocess.run(
+        runtime_argv(*args),
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     (cwd / "run.log").write_text(p.stdout)
     return Run(p.returncode, p.stdout, Path(env["FTJOB_OUTPUT_DIR"]))
 

@@ -38,21 +38,26 @@ def _supervised(enc: dict[str, Any], tok: Any) -> str:
 
 @pytest.mark.tf457
 def test_chat_loss_covers_every_assistant_turn_only(tok: Any) -> None:
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "What is the opposite of hot?"},
-                {"role": "assistant", "content": "The opposite of hot is cold."},
-                {"role": "user", "content": "And of big?"},
-                {"role": "assistant", "content": "The opposite of big is small."}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the opposite of hot?"},
+        {"role": "assistant", "content": "The opposite of hot is cold."},
+        {"role": "user", "content": "And of big?"},
+        {"role": "assistant", "content": "The opposite of big is small."},
+    ]
     text, spans = clm.render(messages, tok)
     assert text.startswith("<s><|system|>\nBe brief.<|end|>\n<|user|>\n")
-    assert [text[s:e] for s, e in spans] == ["The opposite of hot is cold.<|end|>\n",
-                                             "The opposite of big is small.<|end|>\n"]
+    assert [text[s:e] for s, e in spans] == [
+        "The opposite of hot is cold.<|end|>\n",
+        "The opposite of big is small.<|end|>\n",
+    ]
     enc = clm.tokenize_masked(text, spans, tok, 256)
     assert len(enc["labels"]) == len(enc["input_ids"]) == len(enc["attention_mask"])
     assert _supervised(enc, tok) == "The opposite of hot is cold.<|end|>\nThe opposite of big is small.<|end|>\n"
     # The eos (<|end|>) closing each answer is learnt: it is what stops generation.
     assert [t for t, lab in zip(enc["input_ids"], enc["labels"], strict=True) if lab != -100].count(
-        tok.eos_token_id) == 2
+        tok.eos_token_id
+    ) == 2
     assert "What is the opposite" not in _supervised(enc, tok)
 
 
@@ -70,19 +75,25 @@ def test_without_a_chat_template_prompt_and_response_are_plain_text(tok: Any) ->
 
     plain = copy.copy(tok)
     plain.chat_template = None
-    text, spans = clm.render([{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}],
-                             plain)
+    text, spans = clm.render([{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}], plain)
     assert text == "Hi?\nHello.<|end|>" and [text[s:e] for s, e in spans] == ["Hello.<|end|>"]
     with pytest.raises(ValueError, match="chat_template"):
-        clm.render([{"role": "system", "content": "x"}, {"role": "user", "content": "Hi?"},
-                    {"role": "assistant", "content": "Hello."}], plain)
+        clm.render(
+            [
+                {"role": "system", "content": "x"},
+                {"role": "user", "content": "Hi?"},
+                {"role": "assistant", "content": "Hello."},
+            ],
+            plain,
+        )
     with pytest.raises(ValueError, match="assistant turn"):
         clm.render([{"role": "user", "content": "Hi?"}], tok)
 
 
 def test_truncation_keeps_masks_aligned(tok: Any) -> None:
-    text, spans = clm.render([{"role": "user", "content": "word " * 40},
-                              {"role": "assistant", "content": "answer"}], tok)
+    text, spans = clm.render(
+        [{"role": "user", "content": "word " * 40}, {"role": "assistant", "content": "answer"}], tok
+    )
     enc = clm.tokenize_masked(text, spans, tok, 16)
     assert len(enc["input_ids"]) == 16 and all(lab == -100 for lab in enc["labels"])  # answer truncated away
 
@@ -120,12 +131,18 @@ def test_lora_options_parse_and_errors_name_the_key() -> None:
     def task(lora: Any) -> TaskConfig:
         return TaskConfig.from_dict({"type": "causal-lm", "model": "m", "dataset": {"path": "p"}, "lora": lora})
 
-    assert clm.LoraOptions.from_task(TaskConfig.from_dict({"type": "causal-lm", "model": "m",
-                                                           "dataset": {"path": "p"}})) is None
+    assert (
+        clm.LoraOptions.from_task(TaskConfig.from_dict({"type": "causal-lm", "model": "m", "dataset": {"path": "p"}}))
+        is None
+    )
     opts = clm.LoraOptions.from_task(task({"r": 4, "targetModules": ["q_proj"], "merge": True}))
     assert opts == clm.LoraOptions(r=4, alpha=16, dropout=0.05, target_modules=["q_proj"], merge=True)
-    for bad, key in (({"r": 0}, r"task\.lora\.r"), ({"dropout": 1.0}, r"task\.lora\.dropout"),
-                     ({"rank": 8}, r"task\.lora has unknown keys \['rank'\]"), ([8], r"task\.lora must")):
+    for bad, key in (
+        ({"r": 0}, r"task\.lora\.r"),
+        ({"dropout": 1.0}, r"task\.lora\.dropout"),
+        ({"rank": 8}, r"task\.lora has unknown keys \['rank'\]"),
+        ([8], r"task\.lora must"),
+    ):
         with pytest.raises(ConfigError, match=key):
             clm.LoraOptions.from_task(task(bad))
 
@@ -201,8 +218,9 @@ def _adapter_generates(out: Path) -> None:
     peft_model = AutoPeftModelForCausalLM.from_pretrained(str(out / "model")).eval()
     base = AutoModelForCausalLM.from_pretrained(str(out / "base-model")).eval()
     merged = AutoModelForCausalLM.from_pretrained(str(out / "model-merged")).eval()
-    text = tok.apply_chat_template([{"role": "user", "content": "What is the opposite of big?"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the opposite of big?"}], tokenize=False, add_generation_prompt=True
+    )
     ids = tok(text, add_special_tokens=False, return_tensors="pt")
     with torch.no_grad():
         adapted, plain, fused = (m(**ids).logits for m in (peft_model, base, merged))
@@ -210,7 +228,7 @@ def _adapter_generates(out: Path) -> None:
     assert not torch.allclose(adapted, plain, atol=1e-3), "the adapter changes nothing"
     assert torch.allclose(adapted, fused, atol=1e-4), "model-merged/ is not base + adapter"
     assert gen.shape[1] > ids["input_ids"].shape[1]
-    assert tok.decode(gen[0][ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    assert tok.decode(gen[0][ids["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
 @pytest.mark.slow
@@ -237,9 +255,17 @@ def test_lora_mpich_two_ranks(tmp_path: Path, request: pytest.FixtureRequest) ->
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost:2\n")
     (tmp_path / "home").mkdir()
-    env = runtime_env(tmp_path, cfg, FTJOB_LAUNCHER="mpi", **mpi_env(request, "mpich"),
-                      FTJOB_HOSTFILE=str(hostfile), FTJOB_WORLD_SIZE="2", FTJOB_MPI_SLOTS_PER_NODE="2",
-                      FTJOB_SSH_SECRET_DIR=str(tmp_path / "no-secret"), HOME=str(tmp_path / "home"))
+    env = runtime_env(
+        tmp_path,
+        cfg,
+        FTJOB_LAUNCHER="mpi",
+        **mpi_env(request, "mpich"),
+        FTJOB_HOSTFILE=str(hostfile),
+        FTJOB_WORLD_SIZE="2",
+        FTJOB_MPI_SLOTS_PER_NODE="2",
+        FTJOB_SSH_SECRET_DIR=str(tmp_path / "no-secret"),
+        HOME=str(tmp_path / "home"),
+    )
     run = run_runtime(["mpirun"], env, tmp_path)
     assert run.rc == 0, run.out[-4000:]
     assert "rank 0 of 2 (hydra)" in run.out

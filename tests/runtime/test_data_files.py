@@ -37,8 +37,10 @@ def test_every_japanese_sample_names_the_hub_files() -> None:
     for sample in JA_SAMPLES:
         doc = yaml.safe_load((ROOT / "manifests" / "samples" / f"{sample}.yaml").read_text())
         ds = doc["spec"]["task"]["dataset"]
-        assert ds["dataFiles"] == {"train": f"{HUB_DATASET}ja/train.jsonl",
-                                   "validation": f"{HUB_DATASET}ja/validation.jsonl"}, sample
+        assert ds["dataFiles"] == {
+            "train": f"{HUB_DATASET}ja/train.jsonl",
+            "validation": f"{HUB_DATASET}ja/validation.jsonl",
+        }, sample
         assert (ds["textColumn"], ds["labelColumn"]) == ("text", "label"), sample
         assert ds["labelMap"] == {"0": 0, "1": 0, "3": 1, "4": 1}, sample
 
@@ -94,8 +96,10 @@ def test_format_told_from_names_or_given() -> None:
 def test_compressed_local_files_load(tmp_path: Path) -> None:
     with gzip.open(tmp_path / "train.jsonl.gz", "wt", encoding="utf-8") as f:
         f.write('{"text": "良い", "label": 4}\n{"text": "悪い", "label": 0}\n')
-    raw = data.load_raw(DatasetConfig.from_dict({"dataFiles": {"train": str(tmp_path / "train.jsonl.gz")}}),
-                        cache_dir=str(tmp_path / "hf"))
+    raw = data.load_raw(
+        DatasetConfig.from_dict({"dataFiles": {"train": str(tmp_path / "train.jsonl.gz")}}),
+        cache_dir=str(tmp_path / "hf"),
+    )
     assert raw["train"]["label"] == [4, 0]
 
 
@@ -132,8 +136,11 @@ def test_cache_key_follows_data_files(hub: Path, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_cpu_sample_trains_two_ranks_from_data_files(hub: Path, tmp_path: Path) -> None:
     """manifests/samples/cpu-bert-ja.yaml's config.json, data from the Hub layout, tiny model: 2 ranks, gloo."""
-    cfg = sample_config("cpu-bert-ja", hub, tmp_path / "config.json") \
-        .training(maxSteps=6, logEverySteps=1, batchSizePerDevice=8).write(tmp_path / "config.json")
+    cfg = (
+        sample_config("cpu-bert-ja", hub, tmp_path / "config.json")
+        .training(maxSteps=6, logEverySteps=1, batchSizePerDevice=8)
+        .write(tmp_path / "config.json")
+    )
     run = run_runtime(["launch"], runtime_env(tmp_path, cfg), tmp_path)
     assert run.rc == 0, run.out[-4000:]
     assert "rank 0 of 2 (torchrun)" in run.out

@@ -14,8 +14,12 @@ REPORT = {"warm": True, "entriesBefore": 12, "entriesAfter": 12, "graphHits": 4,
 
 
 def _child(tmp_path: Path, exit_code: int) -> list[str]:
-    lines = ["[rank0]: starting", format_line("precompile", step=1, totalSteps=2),
-             format_line("precompile", step=2, totalSteps=2, complete=True, cache=REPORT), "bye"]
+    lines = [
+        "[rank0]: starting",
+        format_line("precompile", step=1, totalSteps=2),
+        format_line("precompile", step=2, totalSteps=2, complete=True, cache=REPORT),
+        "bye",
+    ]
     script = tmp_path / "child.py"
     script.write_text(f"import sys\nfor x in {lines!r}: print(x, flush=True)\nsys.exit({exit_code})\n")
     return [sys.executable, str(script)]

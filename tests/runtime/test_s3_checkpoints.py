@@ -42,8 +42,9 @@ def _fake_checkpoint(root: Path, step: int, complete: bool = True) -> Path:
     return d
 
 
-def test_upload_rotate_and_restore_only_complete_checkpoints(tmp_path: Path, s3: S3Server,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_upload_rotate_and_restore_only_complete_checkpoints(
+    tmp_path: Path, s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for k, v in s3.env.items():
         monkeypatch.setenv(k, v)
     sync = CheckpointSync(f"s3://{BUCKET}/jobs/demo/", s3.client(), keep=2)
@@ -59,8 +60,9 @@ def test_upload_rotate_and_restore_only_complete_checkpoints(tmp_path: Path, s3:
 
     # A pod killed mid-upload: checkpoint-20 has files but no marker. It is never restored.
     partial = _fake_checkpoint(tmp_path / "partial", 20, complete=False)
-    s3.client().upload_file(str(partial / "model.safetensors"), BUCKET,
-                            "jobs/demo/checkpoints/checkpoint-20/model.safetensors")
+    s3.client().upload_file(
+        str(partial / "model.safetensors"), BUCKET, "jobs/demo/checkpoints/checkpoint-20/model.safetensors"
+    )
     fresh = tmp_path / "fresh-pod"
     restored = sync.restore(fresh)
     assert restored is not None
@@ -83,12 +85,18 @@ def test_bad_output_url_names_the_variable() -> None:
         CheckpointSync("s3:///no-bucket", client=None, keep=3)
 
 
-def test_killed_run_with_s3_output_resumes_from_the_uploaded_checkpoint(tmp_path: Path, s3: S3Server,  # type: ignore[no-untyped-def]
-                                                                        popen_group) -> None:
+def test_killed_run_with_s3_output_resumes_from_the_uploaded_checkpoint(
+    tmp_path: Path,
+    s3: S3Server,  # type: ignore[no-untyped-def]
+    popen_group,
+) -> None:
     """2-rank torchrun with output.url: the pod dies (its emptyDir /output with it), a new pod starts with an
     empty /output and continues from the newest checkpoint in S3, then uploads the final artefacts."""
-    cfg = job_config(DEMO_CONFIG).training(maxSteps=40, epochs=100, checkpointEverySteps=5, logEverySteps=1,
-                                           batchSizePerDevice=8).write(tmp_path / "config.json")
+    cfg = (
+        job_config(DEMO_CONFIG)
+        .training(maxSteps=40, epochs=100, checkpointEverySteps=5, logEverySteps=1, batchSizePerDevice=8)
+        .write(tmp_path / "config.json")
+    )
     url = f"s3://{BUCKET}/jobs/demo"
     env = runtime_env(tmp_path, cfg, FTJOB_OUTPUT_URL=url, **s3.env)
     output = Path(env["FTJOB_OUTPUT_DIR"])
@@ -104,8 +112,13 @@ def test_killed_run_with_s3_output_resumes_from_the_uploaded_checkpoint(tmp_path
         proc.wait(timeout=60)
         poll(lambda: not alive(pids), 30, "the killed ranks to be gone")
     first = (tmp_path / "first.log").read_text()
-    uploaded = [r for r in (json.loads(line.split("FTJOB_PROGRESS ", 1)[1]) for line in first.splitlines()
-                            if "FTJOB_PROGRESS " in line) if r["event"] == "checkpoint"]
+    uploaded = [
+        r
+        for r in (
+            json.loads(line.split("FTJOB_PROGRESS ", 1)[1]) for line in first.splitlines() if "FTJOB_PROGRESS " in line
+        )
+        if r["event"] == "checkpoint"
+    ]
     assert uploaded and uploaded[0]["url"].startswith(f"{url}/checkpoints/checkpoint-"), uploaded
     steps = sorted(int(k.split("/")[3].removeprefix("checkpoint-")) for k in remote_complete())
     assert steps and steps[-1] < 40
@@ -125,7 +138,9 @@ def test_killed_run_with_s3_output_resumes_from_the_uploaded_checkpoint(tmp_path
 
     final = s3.keys(BUCKET, "jobs/demo/")
     assert "jobs/demo/metrics.json" in final and "jobs/demo/model/config.json" in final
-    assert json.loads(s3.client().get_object(Bucket=BUCKET, Key="jobs/demo/metrics.json")["Body"].read())[
-        "globalStep"] == 40
+    assert (
+        json.loads(s3.client().get_object(Bucket=BUCKET, Key="jobs/demo/metrics.json")["Body"].read())["globalStep"]
+        == 40
+    )
     remote = sorted({k.split("/")[3] for k in remote_complete()}, key=lambda n: int(n.split("-")[1]))
     assert remote[-1] == "checkpoint-40" and len(remote) <= 3, remote

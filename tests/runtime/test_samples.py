@@ -64,13 +64,13 @@ def test_squad_spans_are_verified() -> None:
                     ids.add(qa["id"])
                     for a in qa["answers"]:
                         s = a["answer_start"]
-                        assert para["context"][s:s + len(a["text"])] == a["text"], qa
+                        assert para["context"][s : s + len(a["text"])] == a["text"], qa
     assert n_ctx >= 24 and n_q >= 100 and len(ids) == n_q
 
 
 def test_squad_files_match_their_generator(tmp_path: Path) -> None:
     mod = _module(SQUAD / "compose_squad.py")
-    doc = mod.to_squad(mod.ARTICLES[-mod.VALIDATION_TITLES:], "va")
+    doc = mod.to_squad(mod.ARTICLES[-mod.VALIDATION_TITLES :], "va")
     assert json.dumps(doc, ensure_ascii=False, indent=1) + "\n" == (SQUAD / "validation.json").read_text("utf-8")
 
 
@@ -95,9 +95,27 @@ def test_build_vocab_command(tmp_path: Path) -> None:
     out = tmp_path / "model"
     out.mkdir()
     (out / "config.json").write_text('{"vocab_size": 0}')
-    p = subprocess.run([sys.executable, "-m", "finetune_runtime", "build-vocab", "--lang", "ja", "--input",
-                        str(REVIEWS / "validation.jsonl"), "--field", "review_body", "--vocab-size", "1200",
-                        "--output", str(out)], capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "finetune_runtime",
+            "build-vocab",
+            "--lang",
+            "ja",
+            "--input",
+            str(REVIEWS / "validation.jsonl"),
+            "--field",
+            "review_body",
+            "--vocab-size",
+            "1200",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr
     vocab = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
     assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -106,14 +124,24 @@ def test_build_vocab_command(tmp_path: Path) -> None:
 
 
 def test_selfcheck_reports_versions_and_mecab() -> None:
-    p = subprocess.run([sys.executable, "-m", "finetune_runtime", "selfcheck"], capture_output=True, text=True,
-                       check=False, env={**__import__("os").environ, "FTJOB_BACKEND": "cpu"})
+    p = subprocess.run(
+        [sys.executable, "-m", "finetune_runtime", "selfcheck"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**__import__("os").environ, "FTJOB_BACKEND": "cpu"},
+    )
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
     assert report["ok"] and report["versions"]["torch"] and report["backend"]["ddp"] == "gloo"
     assert "満足" in report["tokenizer"]["mecab_unidic_lite"] or report["tokenizer"]["mecab_unidic_lite"]
-    bad = subprocess.run([sys.executable, "-m", "finetune_runtime", "selfcheck"], capture_output=True, text=True,
-                         check=False, env={**__import__("os").environ, "FTJOB_BACKEND": "neuron"})
+    bad = subprocess.run(
+        [sys.executable, "-m", "finetune_runtime", "selfcheck"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**__import__("os").environ, "FTJOB_BACKEND": "neuron"},
+    )
     assert bad.returncode == 1 and "finetune-operator/neuron" in json.loads(bad.stdout)["backend"]["error"]
 
 
@@ -138,11 +166,15 @@ def test_tiny_llama_tokenizer_has_the_chat_template_and_covers_the_data() -> Non
     tok = load_tokenizer(str(EXAMPLES / "models" / "tiny-llama"))
     cfg = json.loads((EXAMPLES / "models" / "tiny-llama" / "config.json").read_text())
     assert cfg["vocab_size"] == len(tok) and cfg["model_type"] == "llama"
-    assert (cfg["pad_token_id"], cfg["bos_token_id"], cfg["eos_token_id"]) == \
-        (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+    assert (cfg["pad_token_id"], cfg["bos_token_id"], cfg["eos_token_id"]) == (
+        tok.pad_token_id,
+        tok.bos_token_id,
+        tok.eos_token_id,
+    )
     assert tok.eos_token == "<|end|>" and tok.chat_template
-    text = tok.apply_chat_template([{"role": "user", "content": "What is the plural of cat?"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the plural of cat?"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<s><|user|>\nWhat is the plural of cat?<|end|>\n<|assistant|>\n"
     assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text  # byte-level: lossless
     assert not list((EXAMPLES / "models" / "tiny-llama").glob("*.safetensors")), "no weights are committed"
@@ -152,9 +184,29 @@ def test_build_vocab_bpe_command(tmp_path: Path) -> None:
     out = tmp_path / "model"
     out.mkdir()
     (out / "config.json").write_text('{"vocab_size": 0}')
-    p = subprocess.run([sys.executable, "-m", "finetune_runtime", "build-vocab", "--lang", "en", "--kind", "bpe",
-                        "--input", str(INSTRUCT / "validation.jsonl"), "--field", "messages", "--vocab-size", "400",
-                        "--output", str(out)], capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "finetune_runtime",
+            "build-vocab",
+            "--lang",
+            "en",
+            "--kind",
+            "bpe",
+            "--input",
+            str(INSTRUCT / "validation.jsonl"),
+            "--field",
+            "messages",
+            "--vocab-size",
+            "400",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr
     from tokenizers import Tokenizer
 

@@ -71,26 +71,44 @@ def _secret(tmp_path: Path, port: int, hosts: tuple[str, ...] = ("127.0.0.1", "1
     return dirs
 
 
-def test_sshd_accepts_the_job_key_and_wait_for_sees_it(tmp_path: Path, popen_group,  # type: ignore[no-untyped-def]
-                                                        request: pytest.FixtureRequest) -> None:
+def test_sshd_accepts_the_job_key_and_wait_for_sees_it(
+    tmp_path: Path,
+    popen_group,  # type: ignore[no-untyped-def]
+    request: pytest.FixtureRequest,
+) -> None:
     port = free_port()
     secret = _secret(tmp_path, port)
     # sshd's StrictModes rejects keys below a world-writable directory such as /tmp; pods have
     # HOME=/home/ftjob. A home under the repository's _out/ (0755 parents) stands in for it.
     home = Path(tempfile.mkdtemp(prefix="ssh-home-", dir=_out_dir()))
     request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
-    env = {"PATH": "/usr/sbin:/usr/bin:/bin", "HOME": str(home), "FTJOB_SSH_PORT": str(port),
-           "FTJOB_SSH_SECRET_DIR": str(secret.worker)}
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/bin",
+        "HOME": str(home),
+        "FTJOB_SSH_PORT": str(port),
+        "FTJOB_SSH_SECRET_DIR": str(secret.worker),
+    }
     env = {**os.environ, **env}
-    closed = subprocess.run(runtime_argv("wait-for", "--ssh", f"127.0.0.1:{port}", "--timeout", "1"), env=env,
-                            capture_output=True, text=True, check=False, timeout=60)
+    closed = subprocess.run(
+        runtime_argv("wait-for", "--ssh", f"127.0.0.1:{port}", "--timeout", "1"),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert closed.returncode == 1 and "TIMEOUT" in closed.stdout and f"127.0.0.1:{port}" in closed.stdout
 
     with (tmp_path / "sshd.log").open("w") as log:
         sshd = popen_group(runtime_argv("sshd"), env=env, stdout=log, stderr=subprocess.STDOUT)
-        ready = subprocess.run(runtime_argv("wait-for", "--dns", "localhost", "--ssh", f"127.0.0.1:{port}",
-                                            "--timeout", "60"), env=env, capture_output=True, text=True,
-                               check=False, timeout=120)
+        ready = subprocess.run(
+            runtime_argv("wait-for", "--dns", "localhost", "--ssh", f"127.0.0.1:{port}", "--timeout", "60"),
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
         assert ready.returncode == 0, ready.stdout + (tmp_path / "sshd.log").read_text()
         assert sshd.poll() is None
 
@@ -109,8 +127,13 @@ def test_sshd_accepts_the_job_key_and_wait_for_sees_it(tmp_path: Path, popen_gro
 
 
 def _ssh(cfg: Path, host: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", host, "echo", "hello-from-ssh"],
-                          capture_output=True, text=True, check=False, timeout=60)
+    return subprocess.run(
+        ["ssh", "-F", str(cfg), "-o", "BatchMode=yes", host, "echo", "hello-from-ssh"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
 
 
 def test_launcher_refuses_a_wrong_or_unknown_host_key(tmp_path: Path, sshd_on_free_port: tuple[int, Secret]) -> None:
@@ -150,31 +173,50 @@ def sshd_on_free_port(tmp_path: Path, popen_group, request: pytest.FixtureReques
     log = (tmp_path / "sshd.log").open("w")
     request.addfinalizer(log.close)
     popen_group(runtime_argv("sshd"), env=env, stdout=log, stderr=subprocess.STDOUT)
-    ready = subprocess.run(runtime_argv("wait-for", "--ssh", f"127.0.0.1:{port}", "--timeout", "60"), env=env,
-                           capture_output=True, text=True, check=False, timeout=120)
+    ready = subprocess.run(
+        runtime_argv("wait-for", "--ssh", f"127.0.0.1:{port}", "--timeout", "60"),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert ready.returncode == 0, ready.stdout
     return port, secret
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", MPI_IMPLEMENTATIONS)
-def test_mpirun_reaches_workers_over_ssh(tmp_path: Path, impl: str, sshd_on_free_port: tuple[int, Secret],
-                                         request: pytest.FixtureRequest) -> None:
+def test_mpirun_reaches_workers_over_ssh(
+    tmp_path: Path, impl: str, sshd_on_free_port: tuple[int, Secret], request: pytest.FixtureRequest
+) -> None:
     """127.0.0.2 is not "this host" to Hydra or OpenMPI: they start the ranks through the ssh launcher
     (`ftjob-ssh` in FTJOB_SSH_DIR -> ssh -F the generated config -> our sshd on FTJOB_SSH_PORT), as in a
     cluster, with strict host key checking against the operator's known_hosts and each side holding only its
     role's keys. HOME is a user's home that must stay as it was (what `ftjob run` guarantees)."""
     port, secret = sshd_on_free_port
-    cfg = job_config(DEMO_CONFIG).training(maxSteps=2, checkpointEverySteps=2, logEverySteps=1) \
+    cfg = (
+        job_config(DEMO_CONFIG)
+        .training(maxSteps=2, checkpointEverySteps=2, logEverySteps=1)
         .write(tmp_path / "config.json")
+    )
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.2 slots=2\n" if impl == "openmpi" else "127.0.0.2:2\n")
     home = SentinelHome(tmp_path / "launcher-home")
     ssh_dir = tmp_path / "ssh"
-    env = runtime_env(tmp_path, cfg, FTJOB_LAUNCHER="mpi", **mpi_env(request, impl),
-                      FTJOB_HOSTFILE=str(hostfile), FTJOB_WORLD_SIZE="2", FTJOB_MPI_SLOTS_PER_NODE="2",
-                      FTJOB_SSH_PORT=str(port), FTJOB_SSH_SECRET_DIR=str(secret.launcher), HOME=str(home.path),
-                      FTJOB_SSH_DIR=str(ssh_dir))
+    env = runtime_env(
+        tmp_path,
+        cfg,
+        FTJOB_LAUNCHER="mpi",
+        **mpi_env(request, impl),
+        FTJOB_HOSTFILE=str(hostfile),
+        FTJOB_WORLD_SIZE="2",
+        FTJOB_MPI_SLOTS_PER_NODE="2",
+        FTJOB_SSH_PORT=str(port),
+        FTJOB_SSH_SECRET_DIR=str(secret.launcher),
+        HOME=str(home.path),
+        FTJOB_SSH_DIR=str(ssh_dir),
+    )
     if impl != "openmpi":
         # As in pods: the proxies dial mpiexec back by FTJOB_LAUNCHER_HOST (Hydra's -localhost), not by the
         # hostname, which in a pod does not resolve from other pods.

@@ -65,10 +65,10 @@ def test_demo_job_torchrun_two_ranks_accuracy_and_pipeline(tmp_path: Path) -> No
     from finetune_runtime.tokenization import load_tokenizer
 
     model_dir = run.output_dir / "model"
-    clf = pipeline("text-classification", model=str(model_dir), tokenizer=load_tokenizer(str(model_dir)),
-                   device="cpu")
-    good, bad = clf(["家族にも好評で大満足です。本当におすすめです。",
-                     "最悪です。すぐに壊れました。二度と買いません。"])
+    clf = pipeline("text-classification", model=str(model_dir), tokenizer=load_tokenizer(str(model_dir)), device="cpu")
+    good, bad = clf(
+        ["家族にも好評で大満足です。本当におすすめです。", "最悪です。すぐに壊れました。二度と買いません。"]
+    )
     assert good["label"] == "positive" and bad["label"] == "negative", (good, bad)
     preds = json.loads((run.output_dir / "predictions.json").read_text())
     assert len(preds["predictions"]) == 3
@@ -77,8 +77,11 @@ def test_demo_job_torchrun_two_ranks_accuracy_and_pipeline(tmp_path: Path) -> No
 
 @pytest.mark.tf457
 def test_question_answering_torchrun_two_ranks(tmp_path: Path) -> None:
-    cfg = job_config(SQUAD_CONFIG).training(maxSteps=6, checkpointEverySteps=3, logEverySteps=2) \
+    cfg = (
+        job_config(SQUAD_CONFIG)
+        .training(maxSteps=6, checkpointEverySteps=3, logEverySteps=2)
         .write(tmp_path / "config.json")
+    )
     run = run_runtime(["launch"], runtime_env(tmp_path, cfg), tmp_path)
     assert run.rc == 0, run.out[-4000:]
     done = run.done
@@ -101,14 +104,20 @@ def test_question_answering_torchrun_two_ranks(tmp_path: Path) -> None:
 
 
 def test_killed_run_resumes_from_newest_complete_checkpoint(tmp_path: Path, popen_group) -> None:  # type: ignore[no-untyped-def]
-    cfg = job_config(DEMO_CONFIG).training(maxSteps=60, epochs=100, checkpointEverySteps=5, logEverySteps=1,
-                                           batchSizePerDevice=8).write(tmp_path / "config.json")
+    cfg = (
+        job_config(DEMO_CONFIG)
+        .training(maxSteps=60, epochs=100, checkpointEverySteps=5, logEverySteps=1, batchSizePerDevice=8)
+        .write(tmp_path / "config.json")
+    )
     env = runtime_env(tmp_path, cfg)
     ckpt_root = tmp_path / "output" / "checkpoints"
     with (tmp_path / "first.log").open("w") as log:
         proc = popen_group(runtime_argv("launch"), env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
-        poll(lambda: checkpoints.newest_complete(ckpt_root) or proc.poll() is not None, 300,
-             "the first complete checkpoint")
+        poll(
+            lambda: checkpoints.newest_complete(ckpt_root) or proc.poll() is not None,
+            300,
+            "the first complete checkpoint",
+        )
         assert proc.poll() is None, "the run ended before it could be killed"
         pids = kill_tree(proc.pid)  # the whole pod dies: launcher and ranks
         proc.wait(timeout=60)
@@ -143,17 +152,24 @@ def _mpi_env(tmp_path: Path, cfg: Path, impl: str, request: pytest.FixtureReques
     hostfile.write_text("localhost slots=2\n" if impl == "openmpi" else "localhost:2\n")
     home = tmp_path / "home"
     home.mkdir()
-    return runtime_env(tmp_path, cfg, FTJOB_LAUNCHER="mpi", **mpi_env(request, impl),
-                       FTJOB_HOSTFILE=str(hostfile), FTJOB_WORLD_SIZE="2", FTJOB_MPI_SLOTS_PER_NODE="2",
-                       FTJOB_SSH_SECRET_DIR=str(tmp_path / "no-secret"), HOME=str(home))
+    return runtime_env(
+        tmp_path,
+        cfg,
+        FTJOB_LAUNCHER="mpi",
+        **mpi_env(request, impl),
+        FTJOB_HOSTFILE=str(hostfile),
+        FTJOB_WORLD_SIZE="2",
+        FTJOB_MPI_SLOTS_PER_NODE="2",
+        FTJOB_SSH_SECRET_DIR=str(tmp_path / "no-secret"),
+        HOME=str(home),
+    )
 
 
 @pytest.mark.parametrize("impl", MPI_IMPLEMENTATIONS)
 @pytest.mark.parametrize("task", ["text-classification", "question-answering"])
 def test_mpirun_two_ranks(tmp_path: Path, impl: str, task: str, request: pytest.FixtureRequest) -> None:
     base = DEMO_CONFIG if task == "text-classification" else SQUAD_CONFIG
-    cfg = job_config(base).training(maxSteps=4, checkpointEverySteps=2, logEverySteps=1) \
-        .write(tmp_path / "config.json")
+    cfg = job_config(base).training(maxSteps=4, checkpointEverySteps=2, logEverySteps=1).write(tmp_path / "config.json")
     env = _mpi_env(tmp_path, cfg, impl, request)
     run = run_runtime(["mpirun"], env, tmp_path)
     assert run.rc == 0, run.out[-4000:]
@@ -170,12 +186,17 @@ def test_precompile_warms_the_torch_compile_cache(tmp_path: Path) -> None:
     """Two trials on one cache: the first compiles (cold), the second finds every graph in the cache (warm).
     Each reports so in its final record and, relayed by the launcher, in the termination message file that
     the kubelet turns into the init container's status (read by the operator for status.compileCache)."""
-    cfg = job_config(DEMO_CONFIG).training(compile=True, batchSizePerDevice=4).task(maxLength=32) \
+    cfg = (
+        job_config(DEMO_CONFIG)
+        .training(compile=True, batchSizePerDevice=4)
+        .task(maxLength=32)
         .write(tmp_path / "config.json")
+    )
     message = tmp_path / "termination-log"
     message.write_text("")  # the kubelet creates the file; the relay never does
-    env = runtime_env(tmp_path, cfg, FTJOB_NPROC_PER_NODE="1", FTJOB_PRECOMPILE_STEPS="2",
-                      FTJOB_TERMINATION_LOG=str(message))
+    env = runtime_env(
+        tmp_path, cfg, FTJOB_NPROC_PER_NODE="1", FTJOB_PRECOMPILE_STEPS="2", FTJOB_TERMINATION_LOG=str(message)
+    )
     reports = []
     for trial in ("cold", "warm"):
         run = run_runtime(["launch", "--precompile"], env, tmp_path, timeout=540)

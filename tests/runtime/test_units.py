@@ -28,18 +28,35 @@ from finetune_runtime.waitfor import Probe, check, wait_for
 
 
 def test_hydra_env_maps_to_torch_distributed() -> None:
-    env = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
-           "FTJOB_MASTER_ADDR": "job-worker-0.job.ns.svc", "FTJOB_MASTER_PORT": "29500"}
-    assert distenv.distributed_env(env) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-                                            "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "job-worker-0.job.ns.svc",
-                                            "MASTER_PORT": "29500"}
+    env = {
+        "PMI_RANK": "3",
+        "PMI_SIZE": "4",
+        "MPI_LOCALRANKID": "1",
+        "MPI_LOCALNRANKS": "2",
+        "FTJOB_MASTER_ADDR": "job-worker-0.job.ns.svc",
+        "FTJOB_MASTER_PORT": "29500",
+    }
+    assert distenv.distributed_env(env) == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "job-worker-0.job.ns.svc",
+        "MASTER_PORT": "29500",
+    }
     info = distenv.dist_info(env)
     assert (info.rank, info.world_size, info.local_rank, info.source) == (3, 4, 1, "hydra")
 
 
 def test_openmpi_env_maps_to_torch_distributed() -> None:
-    env = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "FTJOB_MASTER_ADDR": "m", "FTJOB_MASTER_PORT": "1234"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "5",
+        "OMPI_COMM_WORLD_SIZE": "8",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+        "FTJOB_MASTER_ADDR": "m",
+        "FTJOB_MASTER_PORT": "1234",
+    }
     out = distenv.distributed_env(env)
     assert out["RANK"] == "5" and out["WORLD_SIZE"] == "8" and out["LOCAL_RANK"] == "1"
     assert out["LOCAL_WORLD_SIZE"] == "4" and out["MASTER_ADDR"] == "m" and out["MASTER_PORT"] == "1234"
@@ -53,8 +70,7 @@ def test_hydra_without_local_rank_uses_slots() -> None:
 
 
 def test_torchrun_env_is_left_alone() -> None:
-    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "a", "MASTER_PORT": "1",
-           "PMI_RANK": "0"}
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "a", "MASTER_PORT": "1", "PMI_RANK": "0"}
     assert distenv.distributed_env(env) == {}
     assert distenv.dist_info(env).rank == 1
 
@@ -73,9 +89,16 @@ def test_local_rank_is_rank_modulo_slots(rank: int, slots: int) -> None:
 
 # --- launch commands --------------------------------------------------------------------------------------
 
-MPI_ENV = {"FTJOB_HOSTFILE": "/etc/ftjob/hostfile", "FTJOB_WORLD_SIZE": "4", "FTJOB_MPI_SLOTS_PER_NODE": "2",
-           "FTJOB_BACKEND": "xeon", "OMP_NUM_THREADS": "23", "CCL_WORKER_COUNT": "1", "UNRELATED": "x",
-           "PATH": "/usr/bin"}
+MPI_ENV = {
+    "FTJOB_HOSTFILE": "/etc/ftjob/hostfile",
+    "FTJOB_WORLD_SIZE": "4",
+    "FTJOB_MPI_SLOTS_PER_NODE": "2",
+    "FTJOB_BACKEND": "xeon",
+    "OMP_NUM_THREADS": "23",
+    "CCL_WORKER_COUNT": "1",
+    "UNRELATED": "x",
+    "PATH": "/usr/bin",
+}
 
 
 def _which(available: set[str]) -> object:
@@ -84,10 +107,23 @@ def _which(available: set[str]) -> object:
 
 def test_mpich_command() -> None:
     env = {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}
-    cmd = launcher.mpirun_command(env, python="/py", is_root=True,
-                                  which=_which({"mpirun", "mpirun.mpich", "mpirun.openmpi"}))
-    assert cmd == ["mpirun.mpich", "-f", "/etc/ftjob/hostfile", "-n", "4", "-ppn", "2", "-genvall",
-                   "/py", "-m", "finetune_runtime", "worker"]
+    cmd = launcher.mpirun_command(
+        env, python="/py", is_root=True, which=_which({"mpirun", "mpirun.mpich", "mpirun.openmpi"})
+    )
+    assert cmd == [
+        "mpirun.mpich",
+        "-f",
+        "/etc/ftjob/hostfile",
+        "-n",
+        "4",
+        "-ppn",
+        "2",
+        "-genvall",
+        "/py",
+        "-m",
+        "finetune_runtime",
+        "worker",
+    ]
     # In pods the proxies dial mpiexec back by the launcher's DNS name (its short hostname does not resolve).
     env["FTJOB_LAUNCHER_HOST"] = "j-launcher.j.ns.svc"
     cmd = launcher.mpirun_command(env, python="/py", is_root=True, which=_which({"mpirun.mpich"}))
@@ -104,15 +140,21 @@ def _intel_tree(root: Path) -> Path:
 
 def test_intel_mpi_command_uses_its_mpirun_and_env(tmp_path: Path) -> None:
     root = _intel_tree(tmp_path / "impi")
-    env = {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "intel", "I_MPI_ROOT": str(root), "PATH": "/usr/bin:/bin",
-           "LD_LIBRARY_PATH": "/opt/x"}
+    env = {
+        **MPI_ENV,
+        "FTJOB_MPI_IMPLEMENTATION": "intel",
+        "I_MPI_ROOT": str(root),
+        "PATH": "/usr/bin:/bin",
+        "LD_LIBRARY_PATH": "/opt/x",
+    }
     argv, extra = launcher.mpirun_plan(env, python="/py", which=_which({"mpirun"}))
     assert argv[:8] == [f"{root}/bin/mpirun", "-f", "/etc/ftjob/hostfile", "-n", "4", "-ppn", "2", "-genvall"]
     # Its mpirun runs `mpiexec.hydra` from PATH, which Debian's MPICH also installs: Intel's bin dir goes first.
     assert extra == {"PATH": f"{root}/bin:/usr/bin:/bin", "I_MPI_ROOT": str(root), "I_MPI_HYDRA_BRANCH_COUNT": "-1"}
     # Without I_MPI_ROOT: an Intel mpirun on PATH, and its prefix becomes I_MPI_ROOT.
-    on_path = launcher.mpirun_plan({**env, "I_MPI_ROOT": ""}, python="/py",
-                                   which=lambda n: str(root / "bin" / n) if n == "mpirun" else None)
+    on_path = launcher.mpirun_plan(
+        {**env, "I_MPI_ROOT": ""}, python="/py", which=lambda n: str(root / "bin" / n) if n == "mpirun" else None
+    )
     assert on_path[0][0] == f"{root}/bin/mpirun" and on_path[1]["I_MPI_ROOT"] == str(root)
 
 
@@ -124,15 +166,28 @@ def test_intel_mpi_never_falls_back_to_another_mpirun(tmp_path: Path) -> None:
     with pytest.raises(MissingStackError, match="I_MPI_ROOT") as e:
         launcher.mpirun_command(env, which=lambda n: str(other / n) if n == "mpirun" else None)
     assert "not Intel MPI" in str(e.value) and "finetune-operator/xeon" in str(e.value)
-    assert launcher.mpirun_plan({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}, python="/py",
-                                which=_which({"mpirun.mpich"}))[1] == {}
+    assert (
+        launcher.mpirun_plan(
+            {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}, python="/py", which=_which({"mpirun.mpich"})
+        )[1]
+        == {}
+    )
 
 
 def test_openmpi_command_forwards_vars_and_root_flag() -> None:
     env = {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "openmpi"}
     cmd = launcher.mpirun_command(env, python="/py", is_root=True, which=_which({"mpirun", "mpirun.openmpi"}))
-    assert cmd[:9] == ["mpirun.openmpi", "--hostfile", "/etc/ftjob/hostfile", "-np", "4", "--map-by",
-                       "ppr:2:node", "--bind-to", "none"]
+    assert cmd[:9] == [
+        "mpirun.openmpi",
+        "--hostfile",
+        "/etc/ftjob/hostfile",
+        "-np",
+        "4",
+        "--map-by",
+        "ppr:2:node",
+        "--bind-to",
+        "none",
+    ]
     assert "--allow-run-as-root" in cmd
     forwarded = {cmd[i + 1] for i, a in enumerate(cmd) if a == "-x"}
     assert {"FTJOB_BACKEND", "OMP_NUM_THREADS", "CCL_WORKER_COUNT", "PATH", "FTJOB_HOSTFILE"} <= forwarded
@@ -145,23 +200,29 @@ def test_openmpi_command_forwards_vars_and_root_flag() -> None:
 def test_mpirun_ssh_launcher_flags(tmp_path: Path) -> None:
     w = "/home/ftjob/.ssh/ftjob-ssh"
     which = _which({"mpirun", "mpirun.mpich", "mpirun.openmpi"})
-    mpich = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}, python="/py", which=which,
-                                    ssh_exec=w)
+    mpich = launcher.mpirun_command(
+        {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}, python="/py", which=which, ssh_exec=w
+    )
     assert mpich[7:11] == ["-launcher", "ssh", "-launcher-exec", w]
-    intel = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "intel",
-                                     "I_MPI_ROOT": str(_intel_tree(tmp_path))}, python="/py", which=which, ssh_exec=w)
+    intel = launcher.mpirun_command(
+        {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "intel", "I_MPI_ROOT": str(_intel_tree(tmp_path))},
+        python="/py",
+        which=which,
+        ssh_exec=w,
+    )
     assert intel[7:11] == ["-bootstrap", "ssh", "-bootstrap-exec", w]
-    ompi = launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "openmpi"}, python="/py",
-                                   is_root=False, which=which, ssh_exec=w)
+    ompi = launcher.mpirun_command(
+        {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "openmpi"}, python="/py", is_root=False, which=which, ssh_exec=w
+    )
     i = ompi.index("--mca")
     # No tree spawn: workers hold no client key, so only the launcher may ssh.
-    assert ompi[i:i + 6] == ["--mca", "plm_rsh_agent", w, "--mca", "plm_rsh_no_tree_spawn", "1"]
+    assert ompi[i : i + 6] == ["--mca", "plm_rsh_agent", w, "--mca", "plm_rsh_no_tree_spawn", "1"]
 
 
 def test_ssh_wrapper_uses_our_config(tmp_path: Path) -> None:
     cfg = launcher.write_ssh_config({}, [], tmp_path / "my dir")
     w = launcher.write_ssh_wrapper(cfg)
-    assert w.read_text() == f'#!/bin/sh\nexec ssh -F \'{cfg}\' "$@"\n' and w.stat().st_mode & 0o700 == 0o700
+    assert w.read_text() == f"#!/bin/sh\nexec ssh -F '{cfg}' \"$@\"\n" and w.stat().st_mode & 0o700 == 0o700
 
 
 def test_mpirun_override_and_missing_vars() -> None:
@@ -194,12 +255,33 @@ def test_ssh_config_uses_port_and_key(tmp_path: Path) -> None:
 
 
 def test_torchrun_launch_plan() -> None:
-    env = {"FTJOB_NNODES": "2", "FTJOB_NPROC_PER_NODE": "32", "FTJOB_NODE_RANK": "1",
-           "FTJOB_MASTER_ADDR": "job-rank-0.job.ns.svc", "FTJOB_MASTER_PORT": "29500", "FTJOB_BACKEND": "cpu"}
+    env = {
+        "FTJOB_NNODES": "2",
+        "FTJOB_NPROC_PER_NODE": "32",
+        "FTJOB_NODE_RANK": "1",
+        "FTJOB_MASTER_ADDR": "job-rank-0.job.ns.svc",
+        "FTJOB_MASTER_PORT": "29500",
+        "FTJOB_BACKEND": "cpu",
+    }
     cmd, extra = launcher.launch_plan(env, precompile=False, python="/py")
-    assert cmd == ["/py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "32",
-                   "--node-rank", "1", "--master-addr", "job-rank-0.job.ns.svc", "--master-port", "29500",
-                   "-m", "finetune_runtime", "worker"]
+    assert cmd == [
+        "/py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "32",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "job-rank-0.job.ns.svc",
+        "--master-port",
+        "29500",
+        "-m",
+        "finetune_runtime",
+        "worker",
+    ]
     assert extra == {}
     cmd, extra = launcher.launch_plan({**env, "FTJOB_PRECOMPILE_STEPS": "4"}, precompile=True, python="/py")
     assert cmd[0] == "/py" and extra == {"FTJOB_MODE": "precompile", "FTJOB_PRECOMPILE_STEPS": "4"}
@@ -226,8 +308,9 @@ def test_cpu_backend() -> None:
 
 
 def test_xeon_backend_with_and_without_intel_stack() -> None:
-    full = plan_backend("xeon", "bf16", importable=_importable({"intel_extension_for_pytorch",
-                                                                "oneccl_bindings_for_pytorch"}))
+    full = plan_backend(
+        "xeon", "bf16", importable=_importable({"intel_extension_for_pytorch", "oneccl_bindings_for_pytorch"})
+    )
     assert (full.ddp_backend, full.ipex, full.trainer_bf16, full.use_cpu) == ("ccl", True, True, True)
     bare = plan_backend("xeon", "bf16", importable=_importable(set()))
     assert (bare.ddp_backend, bare.ipex, bare.trainer_bf16) == ("gloo", False, True)
@@ -264,8 +347,9 @@ def test_real_missing_stack_here() -> None:
 STAR_MAP = {"1": 0, "2": 0, "4": 1, "5": 1}
 
 
-@pytest.mark.parametrize(("value", "want"), [(1, 0), (2, 0), (3, None), (4, 1), (5, 1), ("5", 1), (4.0, 1),
-                                             (None, None)])
+@pytest.mark.parametrize(
+    ("value", "want"), [(1, 0), (2, 0), (3, None), (4, 1), (5, 1), ("5", 1), (4.0, 1), (None, None)]
+)
 def test_star_label_map(value: object, want: int | None) -> None:
     assert text_classification.map_label(value, STAR_MAP, ["negative", "positive"]) == want
 
@@ -281,8 +365,9 @@ def test_labels_without_map() -> None:
 def test_select_classification_drops_unmapped_rows() -> None:
     import datasets
 
-    ds = datasets.Dataset.from_list([{"review_body": f"r{i}", "stars": s, "product_category": "x"}
-                                     for i, s in enumerate([1, 2, 3, 4, 5, 3])])
+    ds = datasets.Dataset.from_list(
+        [{"review_body": f"r{i}", "stars": s, "product_category": "x"} for i, s in enumerate([1, 2, 3, 4, 5, 3])]
+    )
     cfg = TaskConfig.from_dict(json.loads(DEMO_CONFIG.read_text())["task"]).dataset
     out = text_classification.select_classification(ds, cfg, ["negative", "positive"])
     assert out.column_names == ["review_body", "labels"]
@@ -358,8 +443,8 @@ def test_newest_complete_checkpoint_wins(tmp_path: Path) -> None:
     assert checkpoints.newest_complete(tmp_path / "none") is None
     _ckpt(tmp_path, 5, True)
     want = _ckpt(tmp_path, 10, True)
-    _ckpt(tmp_path, 15, False)               # killed mid-save: no marker
-    _ckpt(tmp_path, 20, True, state=False)   # marker but no trainer state: not resumable
+    _ckpt(tmp_path, 15, False)  # killed mid-save: no marker
+    _ckpt(tmp_path, 20, True, state=False)  # marker but no trainer state: not resumable
     (tmp_path / "checkpoint-x").mkdir()
     (tmp_path / "tmp-checkpoint-25").mkdir()
     assert checkpoints.newest_complete(tmp_path) == want
@@ -385,24 +470,47 @@ def test_checkpoint_at_max_steps_counts_as_finished(tmp_path: Path) -> None:
 
 
 def test_progress_line_format() -> None:
-    line = progress.format_line("train", step=120, totalSteps=500, epoch=1.2, loss=0.41, samplesPerSecond=35.2,
-                                etaSeconds=96, time="2026-12-02T10:00:00Z")
-    assert line == ('FTJOB_PROGRESS {"event":"train","step":120,"totalSteps":500,"epoch":1.2,"loss":0.41,'
-                    '"samplesPerSecond":35.2,"etaSeconds":96,"time":"2026-12-02T10:00:00Z"}')
-    done = progress.format_line("done", step=5, totalSteps=5, metrics={"accuracy": 0.86}, outputDir="/o",
-                                etaSeconds=None)
-    assert done == ('FTJOB_PROGRESS {"event":"done","step":5,"totalSteps":5,"metrics":{"accuracy":0.86},'
-                    '"outputDir":"/o"}')
-    assert progress.parse_line("[default0]:" + done) == {"event": "done", "step": 5, "totalSteps": 5,
-                                                         "metrics": {"accuracy": 0.86}, "outputDir": "/o"}
+    line = progress.format_line(
+        "train",
+        step=120,
+        totalSteps=500,
+        epoch=1.2,
+        loss=0.41,
+        samplesPerSecond=35.2,
+        etaSeconds=96,
+        time="2026-12-02T10:00:00Z",
+    )
+    assert line == (
+        'FTJOB_PROGRESS {"event":"train","step":120,"totalSteps":500,"epoch":1.2,"loss":0.41,'
+        '"samplesPerSecond":35.2,"etaSeconds":96,"time":"2026-12-02T10:00:00Z"}'
+    )
+    done = progress.format_line(
+        "done", step=5, totalSteps=5, metrics={"accuracy": 0.86}, outputDir="/o", etaSeconds=None
+    )
+    assert done == (
+        'FTJOB_PROGRESS {"event":"done","step":5,"totalSteps":5,"metrics":{"accuracy":0.86},"outputDir":"/o"}'
+    )
+    assert progress.parse_line("[default0]:" + done) == {
+        "event": "done",
+        "step": 5,
+        "totalSteps": 5,
+        "metrics": {"accuracy": 0.86},
+        "outputDir": "/o",
+    }
     with pytest.raises(ValueError):
         progress.format_line("started")
     assert '"loss":null' in progress.format_line("train", loss=float("nan"))
 
 
 def test_clean_metrics_keeps_model_metrics_only() -> None:
-    m = {"eval_loss": 0.5, "eval_accuracy": 0.9, "eval_runtime": 1.2, "eval_samples_per_second": 3.0,
-         "epoch": 2.0, "eval_f1": 0.8}
+    m = {
+        "eval_loss": 0.5,
+        "eval_accuracy": 0.9,
+        "eval_runtime": 1.2,
+        "eval_samples_per_second": 3.0,
+        "epoch": 2.0,
+        "eval_f1": 0.8,
+    }
     assert progress.clean_metrics(m) == {"loss": 0.5, "accuracy": 0.9, "f1": 0.8}
 
 
@@ -484,8 +592,14 @@ def test_qa_inference_inputs_are_checked_before_training() -> None:
 def test_install_keys_fixes_modes(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.mkdir()
-    for n in ("id_ed25519", "id_ed25519.pub", "known_hosts", "authorized_keys", "ssh_host_ed25519_key",
-              "ssh_host_ed25519_key.pub"):
+    for n in (
+        "id_ed25519",
+        "id_ed25519.pub",
+        "known_hosts",
+        "authorized_keys",
+        "ssh_host_ed25519_key",
+        "ssh_host_ed25519_key.pub",
+    ):
         (secret / n).write_text(n)
         (secret / n).chmod(0o400)
     home = tmp_path / "home"
@@ -511,8 +625,10 @@ def test_install_keys_fixes_modes(tmp_path: Path) -> None:
         install_keys(secret, tmp_path / "home3" / ".ssh", required=LAUNCHER_KEYS)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="needs root to make a root-owned home and setpriv to run as uid 1000")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="needs root to make a root-owned home and setpriv to run as uid 1000",
+)
 def test_sshd_in_a_root_owned_world_writable_home_runs_without_strict_modes() -> None:
     """A pod's HOME is an emptyDir the kubelet makes root-owned and 0777; the image user (uid 1000) may not chmod
     it, so sshd cannot have StrictModes there: prepare_sshd must still set up the keys (found by the e2e tier)."""
@@ -528,8 +644,12 @@ def test_sshd_in_a_root_owned_world_writable_home_runs_without_strict_modes() ->
         home.chmod(0o777)  # root-owned, world-writable: the kubelet's emptyDir
         env = {"HOME": str(home), "FTJOB_SSH_SECRET_DIR": str(secret), "FTJOB_SSH_PORT": "2022"}
         code = f"import json; from finetune_runtime.sshd import prepare_sshd; print(json.dumps(prepare_sshd({env!r})))"
-        out = subprocess.run(["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", sys.executable, "-c", code],
-                             capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            ["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert out.returncode == 0, out.stderr
         d = home / ".ssh"
         assert "StrictModes no" in (d / "sshd_config").read_text()
@@ -558,8 +678,12 @@ def test_wait_for_reports_what_is_missing() -> None:
     assert check(Probe("dns", "localhost")) is None
     assert "does not resolve" in (check(Probe("dns", "no-such-host.invalid")) or "")
     lines: list[str] = []
-    ok = wait_for([Probe("dns", "localhost"), Probe("dns", "no-such-host.invalid")], timeout_s=0.5,
-                  interval_s=0.1, log=lines.append)
+    ok = wait_for(
+        [Probe("dns", "localhost"), Probe("dns", "no-such-host.invalid")],
+        timeout_s=0.5,
+        interval_s=0.1,
+        log=lines.append,
+    )
     assert not ok
     assert any("TIMEOUT" in ln and "no-such-host.invalid" in ln for ln in lines)
     assert any("dns:localhost ready" in ln for ln in lines)
@@ -600,11 +724,11 @@ def test_cli_missing_stack_exits_3_naming_the_image(tmp_path: Path) -> None:
     from conftest import runtime_argv, runtime_env
 
     env = runtime_env(tmp_path, DEMO_CONFIG, FTJOB_BACKEND="neuron")
-    worker = subprocess.run(runtime_argv("worker"), env=env, capture_output=True, text=True, check=False,
-                            timeout=300)
+    worker = subprocess.run(runtime_argv("worker"), env=env, capture_output=True, text=True, check=False, timeout=300)
     assert worker.returncode == 3 and "use the finetune-operator/neuron image" in worker.stderr
-    pre = subprocess.run(runtime_argv("launch", "--precompile"), env=env, capture_output=True, text=True,
-                         check=False, timeout=300)
+    pre = subprocess.run(
+        runtime_argv("launch", "--precompile"), env=env, capture_output=True, text=True, check=False, timeout=300
+    )
     assert pre.returncode == 3 and "neuron_parallel_compile" in pre.stderr
     assert "finetune-operator/neuron" in pre.stderr
 
@@ -633,8 +757,9 @@ def test_training_arguments_per_backend_and_mode(tmp_path: Path) -> None:
 
 def test_mpirun_runs_a_jobs_own_command_instead_of_the_worker() -> None:
     env = {**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}
-    cmd = launcher.mpirun_command(env, python="/py", which=_which({"mpirun.mpich"}),
-                                  program=["python", "train.py", "--lr", "1"])
+    cmd = launcher.mpirun_command(
+        env, python="/py", which=_which({"mpirun.mpich"}), program=["python", "train.py", "--lr", "1"]
+    )
     assert cmd[-4:] == ["python", "train.py", "--lr", "1"] and "finetune_runtime" not in cmd
 
 
@@ -657,8 +782,9 @@ def test_wait_for_accumulates_repeated_flags() -> None:
     for."""
     from finetune_runtime.cli import parser
 
-    ns = parser().parse_args(["wait-for", "--dns", "w0", "--ssh", "w0", "--dns", "w1", "--ssh", "w1:22",
-                              "--tcp", "a:1", "b:2"])  # fmt: skip
+    ns = parser().parse_args(
+        ["wait-for", "--dns", "w0", "--ssh", "w0", "--dns", "w1", "--ssh", "w1:22", "--tcp", "a:1", "b:2"]
+    )
     assert (ns.dns, ns.ssh, ns.tcp) == (["w0", "w1"], ["w0", "w1:22"], ["a:1", "b:2"])
 
 
@@ -679,8 +805,7 @@ def test_an_epoch_end_save_only_when_the_newest_checkpoint_is_a_minute_old() -> 
     from finetune_runtime.callbacks import EPOCH_SAVE_MIN_SECONDS, ProgressCallback
 
     now = [1000.0]
-    cb = ProgressCallback(progress.ProgressEmitter(False), precompile=False, save_each_epoch=True,
-                          clock=lambda: now[0])  # fmt: skip
+    cb = ProgressCallback(progress.ProgressEmitter(False), precompile=False, save_each_epoch=True, clock=lambda: now[0])
     state = SimpleNamespace(global_step=0, is_world_process_zero=False)
     cb.on_train_begin(None, state, None)
 
@@ -702,8 +827,10 @@ def test_dataset_from_rows_matches_from_list_without_pickling_the_table(monkeypa
     import datasets
     import datasets.arrow_dataset
 
-    rows = [{"id": "a", "answers": {"text": ["x"], "answer_start": [3]}},
-            {"id": "b", "answers": {"text": [], "answer_start": []}}]
+    rows = [
+        {"id": "a", "answers": {"text": ["x"], "answer_start": [3]}},
+        {"id": "b", "answers": {"text": [], "answer_start": []}},
+    ]
     reference = datasets.Dataset.from_list(rows)
 
     def no_dill_hash(_: object) -> str:

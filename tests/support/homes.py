@@ -15,8 +15,10 @@ SENTINELS = {
 
 def _snapshot(home: Path) -> dict[str, tuple[int, bytes | None]]:
     """Every path below home: (mode, content; None for directories)."""
-    return {str(p.relative_to(home)): (p.lstat().st_mode, None if p.is_dir() else p.read_bytes())
-            for p in sorted(home.rglob("*"))}
+    return {
+        str(p.relative_to(home)): (p.lstat().st_mode, None if p.is_dir() else p.read_bytes())
+        for p in sorted(home.rglob("*"))
+    }
 
 
 class SentinelHome:
@@ -36,5 +38,6 @@ class SentinelHome:
         new = sorted(set(after) - set(self.before))
         gone = sorted(set(self.before) - set(after))
         changed = sorted(k for k in set(after) & set(self.before) if after[k] != self.before[k])
-        assert not (new or gone or changed), f"HOME {self.path} was touched: new {new}, removed {gone}, " \
-                                             f"changed {changed}"
+        assert not (new or gone or changed), (
+            f"HOME {self.path} was touched: new {new}, removed {gone}, changed {changed}"
+        )

@@ -30,15 +30,24 @@ class S3Server:
     @property
     def env(self) -> dict[str, str]:
         """The standard AWS SDK variables (boto3 reads AWS_ENDPOINT_URL since 1.28)."""
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
-                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": "us-east-1",
-                "AWS_EC2_METADATA_DISABLED": "true"}
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
     def client(self) -> Any:
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+        )
 
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
         out: list[str] = []
@@ -54,8 +63,12 @@ def versitygw(binary: str, tmp: Path, deadline_s: float = 60) -> Iterator[S3Serv
     port = _free_port()
     access, secret = "ftjob" + secrets.token_hex(4), secrets.token_hex(16)
     log = (tmp / "versitygw.log").open("w")
-    proc = subprocess.Popen([binary, "--access", access, "--secret", secret, "--port", f"127.0.0.1:{port}",
-                             "posix", str(root)], stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [binary, "--access", access, "--secret", secret, "--port", f"127.0.0.1:{port}", "posix", str(root)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         end = time.monotonic() + deadline_s
         while True:

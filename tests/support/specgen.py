@@ -26,35 +26,51 @@ _LOWER = "abcdefghijklmnopqrstuvwxyz"
 _ALNUM = _LOWER + "0123456789"
 dns_label = st.builds(lambda a, b: a + b, st.sampled_from(_LOWER), st.text(_ALNUM, max_size=8))
 dns_subdomain = st.lists(dns_label, min_size=1, max_size=3).map(".".join)
-label_value = st.one_of(st.just(""), st.builds(lambda a, b: a + b, st.sampled_from("aZ9"),
-                                               st.text(_ALNUM + "-_.", max_size=6).map(lambda s: s.rstrip("-_."))))
+label_value = st.one_of(
+    st.just(""),
+    st.builds(
+        lambda a, b: a + b, st.sampled_from("aZ9"), st.text(_ALNUM + "-_.", max_size=6).map(lambda s: s.rstrip("-_."))
+    ),
+)
 label_key = st.builds(lambda p, n: f"{p}/{n}" if p else n, st.one_of(st.none(), dns_subdomain), dns_label)
 quantity = st.one_of(  # int-or-string, as in a Pod
     st.builds(lambda n, s: f"{n}{s}", st.integers(0, 64), st.sampled_from(["", "m", "k", "Mi", "Gi", "e2", ".5"])),
-    st.integers(0, 64))
+    st.integers(0, 64),
+)
 env_name = st.builds(lambda s: "USER_" + s, st.text("ABCXYZ_019", max_size=6))
 
 
 def _env_var() -> st.SearchStrategy[dict[str, Any]]:
     sources = st.one_of(
-        st.builds(lambda p: {"fieldRef": {"fieldPath": p}},
-                  st.sampled_from(["metadata.name", "status.podIP", "metadata.labels['app']"])),
-        st.builds(lambda r: {"resourceFieldRef": {"resource": r, "divisor": "1"}},
-                  st.sampled_from(["limits.cpu", "requests.memory"])),
+        st.builds(
+            lambda p: {"fieldRef": {"fieldPath": p}},
+            st.sampled_from(["metadata.name", "status.podIP", "metadata.labels['app']"]),
+        ),
+        st.builds(
+            lambda r: {"resourceFieldRef": {"resource": r, "divisor": "1"}},
+            st.sampled_from(["limits.cpu", "requests.memory"]),
+        ),
         st.builds(lambda n, k: {"configMapKeyRef": {"name": n, "key": k}}, dns_subdomain, dns_label),
         st.builds(lambda n, k: {"secretKeyRef": {"name": n, "key": k, "optional": True}}, dns_subdomain, dns_label),
     )
-    return st.one_of(st.builds(lambda n, v: {"name": n, "value": v}, env_name, st.text("ab 1=:", max_size=8)),
-                     st.builds(lambda n, s: {"name": n, "valueFrom": s}, env_name, sources))
+    return st.one_of(
+        st.builds(lambda n, v: {"name": n, "value": v}, env_name, st.text("ab 1=:", max_size=8)),
+        st.builds(lambda n, s: {"name": n, "valueFrom": s}, env_name, sources),
+    )
 
 
 def _toleration() -> st.SearchStrategy[dict[str, Any]]:
     return st.one_of(
-        st.builds(lambda k, v, e: {"key": k, "operator": "Equal", "value": v, "effect": e},
-                  label_key, label_value, st.sampled_from(["NoSchedule", "PreferNoSchedule", ""])),
+        st.builds(
+            lambda k, v, e: {"key": k, "operator": "Equal", "value": v, "effect": e},
+            label_key,
+            label_value,
+            st.sampled_from(["NoSchedule", "PreferNoSchedule", ""]),
+        ),
         st.builds(lambda k: {"key": k, "operator": "Exists"}, st.one_of(st.just(""), label_key)),
-        st.builds(lambda k, s: {"key": k, "effect": "NoExecute", "tolerationSeconds": s}, label_key,
-                  st.integers(0, 3600)),
+        st.builds(
+            lambda k, s: {"key": k, "effect": "NoExecute", "tolerationSeconds": s}, label_key, st.integers(0, 3600)
+        ),
     )
 
 
@@ -79,8 +95,11 @@ def _resources(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def valid_jobs(draw: st.DrawFn) -> Job:
     """A job that every rule accepts, with each optional field present or absent."""
-    name = draw(st.builds(lambda a, b: a + b, st.sampled_from(_LOWER), st.text(_ALNUM + "-", max_size=12)
-                          .map(lambda s: s.rstrip("-"))))
+    name = draw(
+        st.builds(
+            lambda a, b: a + b, st.sampled_from(_LOWER), st.text(_ALNUM + "-", max_size=12).map(lambda s: s.rstrip("-"))
+        )
+    )
     profile = draw(st.sampled_from(PROFILES))
     p = profiles.get(profile)
     inst_name = draw(st.one_of(st.none(), st.sampled_from(sorted(p.instance_types)))) if p.instance_types else None
@@ -118,18 +137,24 @@ def valid_jobs(draw: st.DrawFn) -> Job:
     has_task = draw(st.booleans())
     if has_task:
         if draw(st.booleans()):
-            spec["task"] = {"type": "text-classification", "model": "tiny-bert",
-                            "dataset": {"path": "data/reviews.jsonl", "textColumn": "text", "labelColumn": "label"}}
+            spec["task"] = {
+                "type": "text-classification",
+                "model": "tiny-bert",
+                "dataset": {"path": "data/reviews.jsonl", "textColumn": "text", "labelColumn": "label"},
+            }
             if draw(st.booleans()):
-                spec["task"]["inferenceSamples"] = draw(st.lists(st.text("abc ", min_size=1, max_size=10),
-                                                                 min_size=1, max_size=3))
+                spec["task"]["inferenceSamples"] = draw(
+                    st.lists(st.text("abc ", min_size=1, max_size=10), min_size=1, max_size=3)
+                )
         else:
             spec["task"] = {"type": "question-answering", "model": "tiny-distilbert", "dataset": {"name": "squad"}}
             if draw(st.booleans()):
                 spec["task"]["inferenceQuestions"] = [{"question": "Who?", "context": "Ann did."}]
         if draw(st.booleans()):
-            spec["training"] = {"epochs": draw(st.sampled_from([1, 2.5])),
-                                "precision": draw(st.sampled_from(["fp32", "bf16"]))}
+            spec["training"] = {
+                "epochs": draw(st.sampled_from([1, 2.5])),
+                "precision": draw(st.sampled_from(["fp32", "bf16"])),
+            }
         spec["output"] = draw(st.sampled_from([{"claimName": "results", "path": "out"}, {"url": "s3://b/p"}]))
     else:
         spec["command"] = ["python", "train.py"]
@@ -143,8 +168,13 @@ def valid_jobs(draw: st.DrawFn) -> Job:
     if draw(st.booleans()):
         spec["env"] = draw(st.lists(_env_var(), max_size=3))
     if draw(st.booleans()):
-        spec["envFrom"] = [draw(st.sampled_from([{"configMapRef": {"name": "cm"}},
-                                                  {"secretRef": {"name": "s", "optional": True}, "prefix": "S_"}]))]
+        spec["envFrom"] = [
+            draw(
+                st.sampled_from(
+                    [{"configMapRef": {"name": "cm"}}, {"secretRef": {"name": "s", "optional": True}, "prefix": "S_"}]
+                )
+            )
+        ]
     if draw(st.booleans()):
         spec["hfTokenSecretRef"] = {"name": draw(dns_subdomain)}
     if draw(st.booleans()):
@@ -154,8 +184,7 @@ def valid_jobs(draw: st.DrawFn) -> Job:
         if draw(st.booleans()):
             rp["activeDeadlineSeconds"] = draw(st.integers(1, 10**6))
         spec["runPolicy"] = rp
-    return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": name},
-            "spec": spec}
+    return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": name}, "spec": spec}
 
 
 @dataclass(frozen=True)
@@ -206,63 +235,157 @@ def _requests_above_limits(job: Job, n: int) -> None:
 
 
 def _qa_samples(job: Job, text: str) -> None:
-    job["spec"]["task"] = {"type": "question-answering", "model": "m", "dataset": {"name": "squad"},
-                           "inferenceSamples": [text]}
+    job["spec"]["task"] = {
+        "type": "question-answering",
+        "model": "m",
+        "dataset": {"name": "squad"},
+        "inferenceSamples": [text],
+    }
 
 
 MISTAKES: list[Mistake] = [
-    Mistake("cpu-not-a-quantity", "spec.hardware.resources.requests", _put("spec.hardware.resources.requests"),
-            ({"cpu": "abc"}, {"cpu": "2 k"}, {"memory": "1.2.3Gi"}, {"cpu": ""}, {"cpu": 1.5}, {"cpu": True},
-             {"memory": "2E"}, {"cpu": "1e999999"})),
-    Mistake("negative-quantity", "spec.hardware.resources.limits", _put("spec.hardware.resources.limits"),
-            ({"cpu": "-1"}, {"memory": "-5Mi"})),
-    Mistake("fractional-device", "spec.hardware.resources.limits", _put("spec.hardware.resources.limits"),
-            ({"example.com/widget": "1.5"}, {"nvidia.com/gpu": "500m"})),
-    Mistake("device-only-requested", "spec.hardware.resources.limits", _put("spec.hardware.resources"),
-            ({"requests": {"example.com/widget": "1"}},)),
-    Mistake("requests-above-limits", "spec.hardware.resources.requests", _requests_above_limits,
-            (1, 4, 16)),
-    Mistake("bad-resource-name", "spec.hardware.resources", _put("spec.hardware.resources.limits"),
-            ({"gpu": "1"}, {"kubernetes.io/foo": "1"}, {"bad name/x": "1"})),
-    Mistake("env-value-not-string", "spec.env", _append("spec.env"),
-            ({"name": "USER_X", "value": 5}, {"name": "USER_X", "value": True}, {"name": "USER_X", "value": 1.5})),
-    Mistake("env-bad-name", "spec.env", _append("spec.env"),
-            ({"name": "A=B", "value": "1"}, {"name": "", "value": "1"}, {"name": "TAB\tX", "value": "1"})),
-    Mistake("env-value-and-from", "spec.env", _append("spec.env"),
-            ({"name": "USER_X", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},)),
-    Mistake("env-two-sources", "spec.env", _append("spec.env"),
-            ({"name": "USER_X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"},
-                                                "secretKeyRef": {"name": "s", "key": "k"}}},)),
-    Mistake("env-bad-field-path", "spec.env", _append("spec.env"),
-            ({"name": "USER_X", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}},
-             {"name": "USER_X", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}})),
-    Mistake("env-unknown-field", "spec.env", _append("spec.env"),
-            ({"name": "USER_X", "valu": "1"},)),
-    Mistake("env-reserved", "spec.env", _reserved,
-            ("FTJOB_WORLD_SIZE", "FTJOB_X", 0, 1, 2, 3, 5, 8, 13)),
-    Mistake("env-from-two-sources", "spec.envFrom", _append("spec.envFrom"),
-            ({"configMapRef": {"name": "c"}, "secretRef": {"name": "s"}},)),
-    Mistake("toleration-bad-operator", "spec.hardware.tolerations", _append("spec.hardware.tolerations"),
-            ({"key": "k", "operator": "Maybe"}, {"key": "k", "effect": "NoRun"})),
-    Mistake("toleration-bad-key", "spec.hardware.tolerations", _append("spec.hardware.tolerations"),
-            ({"key": "bad key", "operator": "Exists"}, {"key": "-k", "value": "v"}, {"key": "", "value": "v"})),
-    Mistake("toleration-exists-with-value", "spec.hardware.tolerations", _append("spec.hardware.tolerations"),
-            ({"key": "k", "operator": "Exists", "value": "v"},)),
-    Mistake("toleration-seconds-without-noexecute", "spec.hardware.tolerations",
-            _append("spec.hardware.tolerations"), ({"key": "k", "effect": "NoSchedule", "tolerationSeconds": 5},)),
-    Mistake("node-selector-bad-key", "spec.hardware.nodeSelector", _put("spec.hardware.nodeSelector"),
-            ({"bad key!": "v"}, {"a/b/c": "v"}, {"x" * 64: "v"})),
-    Mistake("node-selector-bad-value", "spec.hardware.nodeSelector", _put("spec.hardware.nodeSelector"),
-            ({"k": "bad value"}, {"k": "-v"}, {"k": "v" * 64})),
-    Mistake("queue-name-not-label-value", "spec.runPolicy.queueName", _put("spec.runPolicy.queueName"),
-            ("team a", "-a", "q" * 64)),
-    Mistake("service-account-not-dns", "spec.serviceAccountName", _put("spec.serviceAccountName"),
-            ("Bad_SA", "sa name", "-sa")),
-    Mistake("scheduler-not-dns", "spec.hardware.schedulerName", _put("spec.hardware.schedulerName"),
-            ("My Scheduler", "UPPER")),
+    Mistake(
+        "cpu-not-a-quantity",
+        "spec.hardware.resources.requests",
+        _put("spec.hardware.resources.requests"),
+        (
+            {"cpu": "abc"},
+            {"cpu": "2 k"},
+            {"memory": "1.2.3Gi"},
+            {"cpu": ""},
+            {"cpu": 1.5},
+            {"cpu": True},
+            {"memory": "2E"},
+            {"cpu": "1e999999"},
+        ),
+    ),
+    Mistake(
+        "negative-quantity",
+        "spec.hardware.resources.limits",
+        _put("spec.hardware.resources.limits"),
+        ({"cpu": "-1"}, {"memory": "-5Mi"}),
+    ),
+    Mistake(
+        "fractional-device",
+        "spec.hardware.resources.limits",
+        _put("spec.hardware.resources.limits"),
+        ({"example.com/widget": "1.5"}, {"nvidia.com/gpu": "500m"}),
+    ),
+    Mistake(
+        "device-only-requested",
+        "spec.hardware.resources.limits",
+        _put("spec.hardware.resources"),
+        ({"requests": {"example.com/widget": "1"}},),
+    ),
+    Mistake("requests-above-limits", "spec.hardware.resources.requests", _requests_above_limits, (1, 4, 16)),
+    Mistake(
+        "bad-resource-name",
+        "spec.hardware.resources",
+        _put("spec.hardware.resources.limits"),
+        ({"gpu": "1"}, {"kubernetes.io/foo": "1"}, {"bad name/x": "1"}),
+    ),
+    Mistake(
+        "env-value-not-string",
+        "spec.env",
+        _append("spec.env"),
+        ({"name": "USER_X", "value": 5}, {"name": "USER_X", "value": True}, {"name": "USER_X", "value": 1.5}),
+    ),
+    Mistake(
+        "env-bad-name",
+        "spec.env",
+        _append("spec.env"),
+        ({"name": "A=B", "value": "1"}, {"name": "", "value": "1"}, {"name": "TAB\tX", "value": "1"}),
+    ),
+    Mistake(
+        "env-value-and-from",
+        "spec.env",
+        _append("spec.env"),
+        ({"name": "USER_X", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},),
+    ),
+    Mistake(
+        "env-two-sources",
+        "spec.env",
+        _append("spec.env"),
+        (
+            {
+                "name": "USER_X",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}, "secretKeyRef": {"name": "s", "key": "k"}},
+            },
+        ),
+    ),
+    Mistake(
+        "env-bad-field-path",
+        "spec.env",
+        _append("spec.env"),
+        (
+            {"name": "USER_X", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}},
+            {"name": "USER_X", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}},
+        ),
+    ),
+    Mistake("env-unknown-field", "spec.env", _append("spec.env"), ({"name": "USER_X", "valu": "1"},)),
+    Mistake("env-reserved", "spec.env", _reserved, ("FTJOB_WORLD_SIZE", "FTJOB_X", 0, 1, 2, 3, 5, 8, 13)),
+    Mistake(
+        "env-from-two-sources",
+        "spec.envFrom",
+        _append("spec.envFrom"),
+        ({"configMapRef": {"name": "c"}, "secretRef": {"name": "s"}},),
+    ),
+    Mistake(
+        "toleration-bad-operator",
+        "spec.hardware.tolerations",
+        _append("spec.hardware.tolerations"),
+        ({"key": "k", "operator": "Maybe"}, {"key": "k", "effect": "NoRun"}),
+    ),
+    Mistake(
+        "toleration-bad-key",
+        "spec.hardware.tolerations",
+        _append("spec.hardware.tolerations"),
+        ({"key": "bad key", "operator": "Exists"}, {"key": "-k", "value": "v"}, {"key": "", "value": "v"}),
+    ),
+    Mistake(
+        "toleration-exists-with-value",
+        "spec.hardware.tolerations",
+        _append("spec.hardware.tolerations"),
+        ({"key": "k", "operator": "Exists", "value": "v"},),
+    ),
+    Mistake(
+        "toleration-seconds-without-noexecute",
+        "spec.hardware.tolerations",
+        _append("spec.hardware.tolerations"),
+        ({"key": "k", "effect": "NoSchedule", "tolerationSeconds": 5},),
+    ),
+    Mistake(
+        "node-selector-bad-key",
+        "spec.hardware.nodeSelector",
+        _put("spec.hardware.nodeSelector"),
+        ({"bad key!": "v"}, {"a/b/c": "v"}, {"x" * 64: "v"}),
+    ),
+    Mistake(
+        "node-selector-bad-value",
+        "spec.hardware.nodeSelector",
+        _put("spec.hardware.nodeSelector"),
+        ({"k": "bad value"}, {"k": "-v"}, {"k": "v" * 64}),
+    ),
+    Mistake(
+        "queue-name-not-label-value",
+        "spec.runPolicy.queueName",
+        _put("spec.runPolicy.queueName"),
+        ("team a", "-a", "q" * 64),
+    ),
+    Mistake(
+        "service-account-not-dns",
+        "spec.serviceAccountName",
+        _put("spec.serviceAccountName"),
+        ("Bad_SA", "sa name", "-sa"),
+    ),
+    Mistake(
+        "scheduler-not-dns",
+        "spec.hardware.schedulerName",
+        _put("spec.hardware.schedulerName"),
+        ("My Scheduler", "UPPER"),
+    ),
     Mistake("image-with-space", "spec.image", _put("spec.image"), ("my image:1",)),
-    Mistake("hf-token-bad-name", "spec.hfTokenSecretRef.name", _put("spec.hfTokenSecretRef"),
-            ({"name": "Bad Name"},)),
+    Mistake("hf-token-bad-name", "spec.hfTokenSecretRef.name", _put("spec.hfTokenSecretRef"), ({"name": "Bad Name"},)),
     Mistake("qa-with-sentences", "spec.task.inferenceSamples", _qa_samples, ("What is it?",)),
     Mistake("zero-nodes", "spec.hardware.nodes", _put("spec.hardware.nodes"), (0, -1)),
     Mistake("bad-profile", "spec.hardware.profile", _put("spec.hardware.profile"), ("trn3",)),

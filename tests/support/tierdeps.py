@@ -153,8 +153,10 @@ def require(request: pytest.FixtureRequest, name: str) -> str:
         pytest.fail(f"no make target runs tests/{test_dir}: add one that installs what its tests run")
     lacking = missing_from_targets(test_dir, name)
     if lacking:
-        pytest.fail(f"tests/{test_dir} runs {name} ({provider}) but `make {' / '.join(lacking)}` does not "
-                    f"install it: add it to hack/tier-packages.txt or the target's prerequisites")
+        pytest.fail(
+            f"tests/{test_dir} runs {name} ({provider}) but `make {' / '.join(lacking)}` does not "
+            f"install it: add it to hack/tier-packages.txt or the target's prerequisites"
+        )
     path = ROOT / t.exe if "/" in t.exe else None
     found = str(path) if path and path.exists() else (shutil.which(t.exe) or shutil.which(t.exe, path="/usr/sbin"))
     if not found:

@@ -44,10 +44,17 @@ def test_mfu_is_achieved_flops_over_peak() -> None:
     assert g.mfu(1000.0, flops, None) is None
 
 
-@pytest.mark.parametrize(("name", "tflops"), [
-    ("NVIDIA H200", 989.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
-    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0),
-])
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA L4", 121.0),
+        ("NVIDIA L40S", 362.0),
+    ],
+)
 def test_peak_by_device_name(name: str, tflops: float) -> None:
     peak, source = g.peak_flops(name, None)
     assert peak == tflops * 1e12
@@ -69,8 +76,12 @@ def test_batch_sizes_parse_and_reject_with_the_flag_named() -> None:
 
 def test_parser_defaults_and_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
     args = g.parser().parse_args([])
-    assert (args.batch_sizes, args.seq_len, args.precision, args.device) == ([8, 16, 32, 64, 128, 256], 128,
-                                                                            "bf16", "cuda")
+    assert (args.batch_sizes, args.seq_len, args.precision, args.device) == (
+        [8, 16, 32, 64, 128, 256],
+        128,
+        "bf16",
+        "cuda",
+    )
     with pytest.raises(SystemExit):
         g.parser().parse_args(["--peak-tflops", "0"])
     ap = g.parser()
@@ -89,17 +100,36 @@ def test_device_refusals_say_what_to_do() -> None:
 
 
 def test_cpu_without_tiny_exits_2_with_the_reason() -> None:
-    out = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu"], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
     assert "--device cpu runs only with --tiny" in out.stderr
 
 
 def test_cpu_tiny_smoke_run_reports_every_batch_size(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--batch-sizes", "2,4",
-                           "--steps", "2", "--warmup", "1", "--peak-tflops", "1", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--batch-sizes",
+            "2,4",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--peak-tflops",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert [r["batchSize"] for r in doc["results"]] == [2, 4]
@@ -113,8 +143,13 @@ def test_cpu_tiny_smoke_run_reports_every_batch_size(tmp_path: Path) -> None:
 
 def test_saved_tokens_feed_a_run_without_the_tokenizer(tmp_path: Path) -> None:
     ids = tmp_path / "ids.json"
-    saved = subprocess.run([sys.executable, str(SCRIPT), "--save-tokens", str(ids), "--seq-len", "32"],
-                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    saved = subprocess.run(
+        [sys.executable, str(SCRIPT), "--save-tokens", str(ids), "--seq-len", "32"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert saved.returncode == 0, saved.stderr[-3000:]
     doc = json.loads(ids.read_text())
     assert doc["seqLen"] == 32 and {len(row) for row in doc["inputIds"]} == {32}
@@ -123,11 +158,38 @@ def test_saved_tokens_feed_a_run_without_the_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--seq-len 32"):
         g.load_tokens(ids, 128)
     out = tmp_path / "gpu.json"
-    run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--tokens", str(ids),
-                          "--seq-len", "32", "--batch-sizes", "2", "--steps", "1", "--warmup", "0",
-                          "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--tokens",
+            str(ids),
+            "--seq-len",
+            "32",
+            "--batch-sizes",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(out.read_text())["results"][0]["samplesPerSecond"] > 0
-    wrong = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--tokens", str(ids)],
-                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    wrong = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--tokens", str(ids)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert wrong.returncode == 2 and "--tokens" in wrong.stderr and "--seq-len 32" in wrong.stderr

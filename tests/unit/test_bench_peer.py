@@ -33,9 +33,14 @@ def test_peer_mode_arguments_and_their_defaults() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--peer", "--systems", "ours,kubeflow"], ["--peer", "--rounds", "0"], ["--peer", "--jobs", "0"],
-     ["--readme", "x.md"], ["--rounds", "2"]],
-)  # fmt: skip
+    [
+        ["--peer", "--systems", "ours,kubeflow"],
+        ["--peer", "--rounds", "0"],
+        ["--peer", "--jobs", "0"],
+        ["--readme", "x.md"],
+        ["--rounds", "2"],
+    ],
+)
 def test_bad_peer_arguments_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         operator_scale.parse_args(argv)
@@ -94,20 +99,43 @@ def test_proc_parsing_and_this_process_usage() -> None:
 
 
 def _session(makespan: float, cpu: float) -> dict[str, Any]:
-    run = {"makespanSeconds": makespan, "latencySeconds": {"p50": 1.0, "p95": 2.0, "max": 3.0},
-           "requestsPerJob": 9.0, "cpuMsPerJob": cpu}  # fmt: skip
-    return {"narrow": run, "wide": {**run, "requestsPerJob": 70.0}, "rssAtRestMiB": 80.0, "rssPeakMiB": 200.0,
-            "rssAfterDeleteMiB": 90.0}  # fmt: skip
+    run = {
+        "makespanSeconds": makespan,
+        "latencySeconds": {"p50": 1.0, "p95": 2.0, "max": 3.0},
+        "requestsPerJob": 9.0,
+        "cpuMsPerJob": cpu,
+    }
+    return {
+        "narrow": run,
+        "wide": {**run, "requestsPerJob": 70.0},
+        "rssAtRestMiB": 80.0,
+        "rssPeakMiB": 200.0,
+        "rssAfterDeleteMiB": 90.0,
+    }
 
 
 def _results(rounds: int) -> dict[str, Any]:
-    raw = {"narrow": {"seconds": 5.0, "watchedSeconds": 5.5, "perJob": 4.0},
-           "wide": {"seconds": 0.5, "watchedSeconds": 0.55, "perJob": 66.0}}
-    return {"jobs": 200, "wideRanks": 64, "kubernetes": "v1.37.2", "peerVersion": "v1.8.1", "loadBefore": 1.5,
-            "machine": {"cpus": 2},
-            "rounds": [{"order": ["raw", "ours", "peer"], "raw": raw,
-                        "ours": {**_session(10.0 + r, 60.0), "loadAfter": 3.0 + r}, "peer": _session(40.0, 20.0)}
-                       for r in range(rounds)]}  # fmt: skip
+    raw = {
+        "narrow": {"seconds": 5.0, "watchedSeconds": 5.5, "perJob": 4.0},
+        "wide": {"seconds": 0.5, "watchedSeconds": 0.55, "perJob": 66.0},
+    }
+    return {
+        "jobs": 200,
+        "wideRanks": 64,
+        "kubernetes": "v1.37.2",
+        "peerVersion": "v1.8.1",
+        "loadBefore": 1.5,
+        "machine": {"cpus": 2},
+        "rounds": [
+            {
+                "order": ["raw", "ours", "peer"],
+                "raw": raw,
+                "ours": {**_session(10.0 + r, 60.0), "loadAfter": 3.0 + r},
+                "peer": _session(40.0, 20.0),
+            }
+            for r in range(rounds)
+        ],
+    }
 
 
 def test_table_has_medians_ranges_and_both_ratios() -> None:

@@ -27,8 +27,9 @@ def test_the_shipped_variant_is_the_crd_and_the_others_drop_only_what_they_name(
     assert "x-kubernetes-validations" in json.dumps(shipped)
     assert "x-kubernetes-validations" not in json.dumps(no_cel)
     # the structural schema is otherwise untouched: the same fields, types and defaults
-    without_rules = json.loads(json.dumps(shipped), object_hook=lambda d: {
-        k: v for k, v in d.items() if k != "x-kubernetes-validations"})
+    without_rules = json.loads(
+        json.dumps(shipped), object_hook=lambda d: {k: v for k, v in d.items() if k != "x-kubernetes-validations"}
+    )
     assert no_cel == without_rules
     bare = _schema(request_cost.crd_variant("no schema"))
     assert bare["properties"]["spec"] == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}

@@ -25,8 +25,14 @@ def test_step_of_reads_runtime_progress_lines_and_bare_lines() -> None:
 
 
 def test_samples_per_second_from_first_to_last_logged_step() -> None:
-    lines = [(0.5, "loading"), (12.0, "BENCH-STEP 1"), (20.0, "BENCH-STEP 10"), (29.0, "{'eval_loss': 1}"),
-             (32.0, "BENCH-STEP 20"), (35.0, "BENCH-DONE")]
+    lines = [
+        (0.5, "loading"),
+        (12.0, "BENCH-STEP 1"),
+        (20.0, "BENCH-STEP 10"),
+        (29.0, "{'eval_loss': 1}"),
+        (32.0, "BENCH-STEP 20"),
+        (35.0, "BENCH-DONE"),
+    ]
     r = ro.result_from_lines("bare", lines, wall=36.0, batch=16)
     assert r.seconds_to_first_step == 12.0
     assert r.samples_per_second == pytest.approx(19 * 16 / 20.0, abs=0.01)
@@ -39,9 +45,14 @@ def test_a_run_without_a_step_one_line_is_an_error() -> None:
 
 
 def test_summary_is_ratio_of_medians_and_per_pair_ratios() -> None:
-    runs = [ro.RunResult("runtime", 5.0, 9.0, 0, 30), ro.RunResult("bare", 4.0, 10.0, 0, 30),
-            ro.RunResult("runtime", 7.0, 10.0, 0, 30), ro.RunResult("bare", 6.0, 10.0, 0, 30),
-            ro.RunResult("runtime", 6.0, 99.0, 0, 30), ro.RunResult("bare", 5.0, 11.0, 0, 30)]
+    runs = [
+        ro.RunResult("runtime", 5.0, 9.0, 0, 30),
+        ro.RunResult("bare", 4.0, 10.0, 0, 30),
+        ro.RunResult("runtime", 7.0, 10.0, 0, 30),
+        ro.RunResult("bare", 6.0, 10.0, 0, 30),
+        ro.RunResult("runtime", 6.0, 99.0, 0, 30),
+        ro.RunResult("bare", 5.0, 11.0, 0, 30),
+    ]
     s = ro.summarize(runs)
     assert s["median"]["runtime"] == {"samplesPerSecond": 10.0, "secondsToFirstStep": 6.0}
     assert s["median"]["bare"] == {"samplesPerSecond": 10.0, "secondsToFirstStep": 5.0}
@@ -66,11 +77,18 @@ def test_compile_cache_job_is_the_sample_with_a_trial_and_compile(tmp_path: Path
     doc = cc.job_doc(trial_steps=3)
     spec = validate(doc)["spec"]  # what ftjob run checks first: the benchmark's job is a valid FineTuneJob
     assert spec["compileCache"] == {"precompile": True, "precompileSteps": 3} | {
-        k: v for k, v in spec["compileCache"].items() if k not in ("precompile", "precompileSteps")}
+        k: v for k, v in spec["compileCache"].items() if k not in ("precompile", "precompileSteps")
+    }
     assert spec["training"]["compile"] is True and spec["hardware"]["procsPerNode"] == 1
     assert Path(spec["task"]["model"]).is_dir() and Path(spec["task"]["dataset"]["path"]).is_dir()
     log = tmp_path / "precompile-node0.log"
-    log.write_text("noise\n" + format_line("precompile", step=1) + "\n"
-                   + "[rank0]: " + format_line("precompile", step=2, complete=True, cache={"warm": True}) + "\n")
+    log.write_text(
+        "noise\n"
+        + format_line("precompile", step=1)
+        + "\n"
+        + "[rank0]: "
+        + format_line("precompile", step=2, complete=True, cache={"warm": True})
+        + "\n"
+    )
     assert [r["step"] for r in cc.records(log, "precompile")] == [1, 2]
     assert cc.records(log, "train") == [] and cc.records(tmp_path / "absent.log", "train") == []

@@ -81,8 +81,15 @@ def test_precompile_is_an_init_step_with_the_same_env() -> None:
 
 
 def test_trn1_32xlarge_multi_node_uses_efa_and_root_comm_id() -> None:
-    c = render(make_job("big").profile("trn1").instance("trn1.32xlarge").nodes(2).classification().training(
-        precision="bf16").build())
+    c = render(
+        make_job("big")
+        .profile("trn1")
+        .instance("trn1.32xlarge")
+        .nodes(2)
+        .classification()
+        .training(precision="bf16")
+        .build()
+    )
     assert c.layout.procs_per_node == 32 and c.layout.world_size == 64
     rank1 = pod(c, "big-rank-1")
     res = rank1["spec"]["containers"][0]["resources"]
@@ -98,9 +105,10 @@ def test_trn1_32xlarge_multi_node_uses_efa_and_root_comm_id() -> None:
     assert wait["command"][:4] == ["ftjob-runtime", "wait-for", "--dns", "big-rank-0.big.default.svc"]
 
 
-@pytest.mark.parametrize(("procs", "resource", "count"), [(8, "aws.amazon.com/neuron", "4"),
-                                                          (16, "aws.amazon.com/neuron", "8"),
-                                                          (1, "aws.amazon.com/neuroncore", "1")])
+@pytest.mark.parametrize(
+    ("procs", "resource", "count"),
+    [(8, "aws.amazon.com/neuron", "4"), (16, "aws.amazon.com/neuron", "8"), (1, "aws.amazon.com/neuroncore", "1")],
+)
 def test_trn1_device_counts(procs: int, resource: str, count: str) -> None:
     c = render(make_job().profile("trn1").instance("trn1.32xlarge").procs(procs).classification().build())
     assert c.pods[0]["spec"]["containers"][0]["resources"]["limits"][resource] == count
@@ -132,7 +140,7 @@ def test_mpi_launcher_waits_for_dns_and_ssh_of_every_worker() -> None:
     wait = launcher["spec"]["initContainers"][0]["command"]
     for i in range(4):
         host = f"distilbert-squad-xeon-worker-{i}.distilbert-squad-xeon.default.svc"
-        assert ["--dns", host, "--ssh", host] == wait[wait.index(host) - 1: wait.index(host) + 3]
+        assert ["--dns", host, "--ssh", host] == wait[wait.index(host) - 1 : wait.index(host) + 3]
     assert launcher["spec"]["containers"][0]["command"] == ["ftjob-runtime", "mpirun"]
     assert "nodeSelector" not in launcher["spec"]  # the launcher does not take an accelerator node's slot
     vols = {v["name"]: v for v in launcher["spec"]["volumes"]}
@@ -150,8 +158,14 @@ def test_ssh_secret_is_immutable_and_complete() -> None:
     secret = next(o for o in c.objects if o["kind"] == "Secret")
     assert secret["immutable"] is True
     assert base64.b64decode(secret["data"]["authorized_keys"]).decode() == KEYS.public_key
-    assert set(secret["data"]) == {"id_ed25519", "id_ed25519.pub", "authorized_keys", "ssh_host_ed25519_key",
-                                   "ssh_host_ed25519_key.pub", "known_hosts"}
+    assert set(secret["data"]) == {
+        "id_ed25519",
+        "id_ed25519.pub",
+        "authorized_keys",
+        "ssh_host_ed25519_key",
+        "ssh_host_ed25519_key.pub",
+        "known_hosts",
+    }
 
 
 def test_known_hosts_lists_every_worker_name_with_the_host_key() -> None:
@@ -162,8 +176,10 @@ def test_known_hosts_lists_every_worker_name_with_the_host_key() -> None:
     assert known.splitlines() == [
         f"[kh-worker-{i}.kh.team.svc]:2222,[kh-worker-{i}.kh]:2222 ssh-ed25519 BBBB" for i in range(3)
     ]
-    hosts = [ln.split(":")[0] for ln in next(o for o in c.objects if o["kind"] == "ConfigMap")["data"][
-        "hostfile"].splitlines()]
+    hosts = [
+        ln.split(":")[0]
+        for ln in next(o for o in c.objects if o["kind"] == "ConfigMap")["data"]["hostfile"].splitlines()
+    ]
     assert all(f"[{h}]:2222," in known for h in hosts)
 
 
@@ -171,8 +187,10 @@ def test_each_mpi_role_mounts_only_its_own_keys() -> None:
     """The launcher (ssh client) gets the client key and known_hosts; workers (sshd) get the host key and
     authorized_keys, never the client's private key."""
     c = render(load_sample("xeon-distilbert-squad"))
-    want = {"launcher": ["id_ed25519", "id_ed25519.pub", "known_hosts"],
-            "worker": ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub", "authorized_keys"]}
+    want = {
+        "launcher": ["id_ed25519", "id_ed25519.pub", "known_hosts"],
+        "worker": ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub", "authorized_keys"],
+    }
     roles = set()
     for p in c.pods:
         role = p["metadata"]["labels"][LABEL_ROLE]
@@ -198,8 +216,7 @@ def test_nvidia_gpus_and_efa_without_fi_vars() -> None:
 
 
 def test_cpu_threads_from_requests_not_host() -> None:
-    c = render(make_job().procs(2).set("spec.hardware.resources", {"requests": {"cpu": "6"}}).classification()
-               .build())
+    c = render(make_job().procs(2).set("spec.hardware.resources", {"requests": {"cpu": "6"}}).classification().build())
     assert env_of(c.pods[0]["spec"]["containers"][0])["OMP_NUM_THREADS"] == "3"
 
 
@@ -211,8 +228,12 @@ def test_bring_your_own_command_gets_rank_env_only() -> None:
     assert env["MASTER_ADDR"] == "byo-rank-0.byo.default.svc" and env["NODE_RANK"] == "1"
     # torchrun's own defaults (Kubeflow's PyTorchJob sets the same): a bare `torchrun train.py` joins one world.
     assert {k: v for k, v in env.items() if k.startswith("PET_")} == {
-        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1",
-        "PET_MASTER_ADDR": "byo-rank-0.byo.default.svc", "PET_MASTER_PORT": "29500"}
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "byo-rank-0.byo.default.svc",
+        "PET_MASTER_PORT": "29500",
+    }
     builtin = render(make_job("own").nodes(2).classification().build())  # the runtime's launch passes flags
     assert not any(k.startswith("PET_") for k in env_of(pod(builtin, "own-rank-1")["spec"]["containers"][0]))
     cfg = next(o for o in c.objects if o["kind"] == "ConfigMap")
@@ -220,11 +241,17 @@ def test_bring_your_own_command_gets_rank_env_only() -> None:
 
 
 def test_user_env_wins_and_hf_token_from_secret() -> None:
-    job = make_job().classification().set("spec.env", [{"name": "TOKENIZERS_PARALLELISM", "value": "false"}]).set(
-        "spec.hfTokenSecretRef", {"name": "hf"}).build()
+    job = (
+        make_job()
+        .classification()
+        .set("spec.env", [{"name": "TOKENIZERS_PARALLELISM", "value": "false"}])
+        .set("spec.hfTokenSecretRef", {"name": "hf"})
+        .build()
+    )
     env = render(job).pods[0]["spec"]["containers"][0]["env"]
     assert [e for e in env if e["name"] == "TOKENIZERS_PARALLELISM"] == [
-        {"name": "TOKENIZERS_PARALLELISM", "value": "false"}]
+        {"name": "TOKENIZERS_PARALLELISM", "value": "false"}
+    ]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in env
 
 
@@ -235,8 +262,14 @@ def test_children_are_owned_labelled_and_deterministic() -> None:
     assert a.all() == b.all()
     for obj in a.all():
         ref = obj["metadata"]["ownerReferences"][0]
-        assert ref == {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "name": "d", "uid": "u-1",
-                       "controller": True, "blockOwnerDeletion": True}
+        assert ref == {
+            "apiVersion": "finetune.dev/v1alpha1",
+            "kind": "FineTuneJob",
+            "name": "d",
+            "uid": "u-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
         assert obj["metadata"]["namespace"] == "ns1"
         assert obj["metadata"]["labels"]["finetune.dev/job-name"] == "d"
     names = [p["metadata"]["name"] for p in a.pods]
@@ -313,8 +346,14 @@ def test_cpu_quantities_in_any_unit_size_threads() -> None:
 def test_a_derived_request_is_lowered_to_the_users_limit() -> None:
     """xeon-amx sizes requests from the instance; a lower user limit must not leave request > limit, which the
     API server refuses."""
-    job = (make_job().profile("xeon-amx").instance("m7i.metal-48xl").classification()
-           .set("spec.hardware.resources", {"limits": {"cpu": "8", "memory": "16Gi"}}).build())
+    job = (
+        make_job()
+        .profile("xeon-amx")
+        .instance("m7i.metal-48xl")
+        .classification()
+        .set("spec.hardware.resources", {"limits": {"cpu": "8", "memory": "16Gi"}})
+        .build()
+    )
     res = render(job).pods[0]["spec"]["containers"][0]["resources"]
     assert res["requests"]["cpu"] == "8" and res["limits"]["cpu"] == "8"
     assert res["requests"]["memory"] == "16Gi"
@@ -347,8 +386,14 @@ def test_the_compile_cache_claim_is_shared_whole_on_purpose() -> None:
 def test_workload_has_one_pod_set_per_role_sized_like_the_pods() -> None:
     from finetune_operator.builders.workload import workload
 
-    job = validate(make_job("w", "ns1").nodes(2).classification().run_policy(queueName="team-a")
-                   .set("spec.hardware.nodeSelector", {"pool": "a"}).build())
+    job = validate(
+        make_job("w", "ns1")
+        .nodes(2)
+        .classification()
+        .run_policy(queueName="team-a")
+        .set("spec.hardware.nodeSelector", {"pool": "a"})
+        .build()
+    )
     job["metadata"]["uid"] = "u-1"
     ch = render(job)
     wl = workload(job, ch.layout, ch.names, ch.pods)
@@ -360,7 +405,8 @@ def test_workload_has_one_pod_set_per_role_sized_like_the_pods() -> None:
     assert ps["name"] == "rank" and ps["count"] == 2
     trainer = ch.pods[1]["spec"]["containers"][0]
     assert ps["template"]["spec"]["containers"] == [
-        {"name": "trainer", "image": trainer["image"], "resources": trainer["resources"]}]
+        {"name": "trainer", "image": trainer["image"], "resources": trainer["resources"]}
+    ]
     assert [c["name"] for c in ps["template"]["spec"]["initContainers"]] == ["wait-for-peers"]
     assert ps["template"]["spec"]["nodeSelector"] == {"pool": "a"}
 
@@ -370,8 +416,12 @@ def test_workload_has_one_pod_set_per_role_sized_like_the_pods() -> None:
     assert sets == {"worker": 2, "launcher": 1}
 
 
-def flavor(name: str, labels: dict[str, str] | None = None, tolerations: list[Any] | None = None,
-           taints: list[Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def flavor(
+    name: str,
+    labels: dict[str, str] | None = None,
+    tolerations: list[Any] | None = None,
+    taints: list[Any] | None = None,
+) -> dict[str, Any]:
     spec = {"nodeLabels": labels or {}, "tolerations": tolerations or [], "nodeTaints": taints or []}
     return {"kind": "ResourceFlavor", "metadata": {"name": name}, "spec": spec}
 
@@ -387,12 +437,23 @@ def test_admitted_flavors_place_their_node_labels_and_tolerations_on_each_pod_se
         "gpu-mem": flavor("gpu-mem", {"zone": "a"}, [tol]),
         "small": flavor("small", {"pool": "small"}),
     }
-    admission = {"clusterQueue": "cq", "podSetAssignments": [
-        {"name": "worker", "count": 2, "flavors": {"cpu": "spr", "memory": "gpu-mem"}},
-        {"name": "launcher", "count": 1, "flavors": {"cpu": "small", "memory": "small"}}]}  # fmt: skip
+    admission = {
+        "clusterQueue": "cq",
+        "podSetAssignments": [
+            {"name": "worker", "count": 2, "flavors": {"cpu": "spr", "memory": "gpu-mem"}},
+            {"name": "launcher", "count": 1, "flavors": {"cpu": "small", "memory": "small"}},
+        ],
+    }
     assert assigned_flavors(admission) == ["spr", "gpu-mem", "small"]
-    job = validate(make_job("m", "ns1").nodes(2).launcher("mpi", "mpich").qa()
-                   .set("spec.hardware.tolerations", [tol]).run_policy(queueName="q").build())  # fmt: skip
+    job = validate(
+        make_job("m", "ns1")
+        .nodes(2)
+        .launcher("mpi", "mpich")
+        .qa()
+        .set("spec.hardware.tolerations", [tol])
+        .run_policy(queueName="q")
+        .build()
+    )
     ch = render(job, placements=placements(admission, flavors))
     workers = [p for p in ch.pods if p["metadata"]["labels"][LABEL_ROLE] == "worker"]
     [launcher] = [p for p in ch.pods if p["metadata"]["labels"][LABEL_ROLE] == "launcher"]

@@ -115,8 +115,11 @@ class World:
         self.loop = JobLoop(NS, NAME, self.api, {}, clock=self.clock, now=lambda: datetime(2026, 12, 2, 10))
 
     def children(self) -> Children:
-        return list(self.pods), {f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["ownerReferences"][0]["uid"]
-                                 for o in self.api.created if o["kind"] != "Pod"}  # fmt: skip
+        return list(self.pods), {
+            f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["ownerReferences"][0]["uid"]
+            for o in self.api.created
+            if o["kind"] != "Pod"
+        }
 
     def step(self) -> controller.Pause:
         return self.loop.step(self.children)
@@ -129,8 +132,9 @@ class World:
 
     def running(self) -> None:
         """Pods created by the passes so far are all Running."""
-        self.pods = [copy.deepcopy(o) | {"status": {"phase": "Running"}} for o in self.api.created
-                     if o["kind"] == "Pod"]  # fmt: skip
+        self.pods = [
+            copy.deepcopy(o) | {"status": {"phase": "Running"}} for o in self.api.created if o["kind"] == "Pod"
+        ]
 
     def start_running(self) -> None:
         """The first pass, then every pod Running and a pass: the job is Running, followed from now on."""
@@ -271,8 +275,10 @@ def test_a_finished_rank_0_is_read_at_once_so_the_final_progress_lands() -> None
     reads = w.api.calls.count("log_tail j-rank-0/trainer")
     w.api.log = PROGRESS_LINE % 10 + 'FTJOB_PROGRESS {"event":"done","step":10,"totalSteps":10}\n'
     for pod in w.pods:
-        pod["status"] = {"phase": "Succeeded", "containerStatuses": [
-            {"name": "trainer", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}
+        pod["status"] = {
+            "phase": "Succeeded",
+            "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}],
+        }
     w.loop.wake()
     w.step()  # well inside PROGRESS_EVERY_S of the last read (the acting pass re-reads the job, and the log)
     assert w.api.calls.count("log_tail j-rank-0/trainer") > reads
@@ -396,8 +402,10 @@ def test_the_daemon_reads_children_only_from_registered_indexes() -> None:
 # -- from the real registry that /metrics serves.
 def gauges() -> dict[str, float | None]:
     labels = {"namespace": NS, "job_name": NAME}
-    return {g: REGISTRY.get_sample_value(f"finetune_operator_job_{g}", labels)
-            for g in ("step", "total_steps", "progress_ratio", "samples_per_second")}
+    return {
+        g: REGISTRY.get_sample_value(f"finetune_operator_job_{g}", labels)
+        for g in ("step", "total_steps", "progress_ratio", "samples_per_second")
+    }
 
 
 NONE = dict.fromkeys(("step", "total_steps", "progress_ratio", "samples_per_second"))
@@ -484,8 +492,12 @@ def test_apply_saves_the_status_before_deleting_or_creating() -> None:
             order.append("event")
 
     job = make_job(NAME, NS).build()
-    plan = Plan(create=[{"kind": "Pod", "metadata": {"name": "p"}}], delete_pods=["old"],
-                status={"restartCount": 1}, events=[("Warning", "RankFailed", "m")])  # fmt: skip
+    plan = Plan(
+        create=[{"kind": "Pod", "metadata": {"name": "p"}}],
+        delete_pods=["old"],
+        status={"restartCount": 1},
+        events=[("Warning", "RankFailed", "m")],
+    )
     apply(Recording(), job, {"restartCount": 0}, plan)  # type: ignore[arg-type]
     assert order == ["status", "delete", "create", "event"]
 
@@ -568,8 +580,7 @@ def test_the_job_watch_drops_managed_fields_from_kopfs_body() -> None:
     raw = make_job(NAME, NS).build()
     raw["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:task": {}}}}]
     body = kopf.Body(raw)
-    asyncio.run(handlers._job_event(type="MODIFIED", body=body, name=NAME, namespace=NS,
-                                    memo=kopf.Memo(loops=Loops())))  # fmt: skip
+    asyncio.run(handlers._job_event(type="MODIFIED", body=body, name=NAME, namespace=NS, memo=kopf.Memo(loops=Loops())))
     assert "managedFields" not in raw["metadata"] and raw["metadata"]["name"] == NAME
 
 
@@ -639,7 +650,7 @@ def test_children_created_count_until_the_index_shows_them() -> None:
     assert len(w.api.created) - created == made
     w.loop.child_event("Pod/j-rank-0")  # the watch event: from now on the index is the truth for that pod
     w.loop.step(lambda: ([], {}))
-    assert [o["metadata"]["name"] for o in w.api.created[created + made:]] == ["j-rank-0"]
+    assert [o["metadata"]["name"] for o in w.api.created[created + made :]] == ["j-rank-0"]
 
 
 def test_creates_of_a_wave_run_together_and_pods_come_after_their_config() -> None:
@@ -655,8 +666,10 @@ def test_creates_of_a_wave_run_together_and_pods_come_after_their_config() -> No
                 both.wait()  # returns only if the two pods are created at the same time
             return True
 
-    objs = [{"kind": k, "metadata": {"name": n}} for k, n in
-            (("Pod", "p0"), ("Service", "s"), ("Pod", "p1"), ("ConfigMap", "c"))]  # fmt: skip
+    objs = [
+        {"kind": k, "metadata": {"name": n}}
+        for k, n in (("Pod", "p0"), ("Service", "s"), ("Pod", "p1"), ("ConfigMap", "c"))
+    ]
     controller.create_all(Api({}), objs)
     assert sorted(started[:2]) == ["ConfigMap", "Service"] and started[2:] == ["Pod", "Pod"]
 
@@ -690,7 +703,8 @@ def test_no_change_handlers_and_every_watch_handler_runs_on_the_event_loop() -> 
     assert registry._changing.get_all_handlers() == []
     watch_handlers = [*registry._indexing.get_all_handlers(), *registry._watching.get_all_handlers()]
     assert watch_handlers and all(asyncio.iscoroutinefunction(h.fn) for h in watch_handlers), [
-        str(h.id) for h in watch_handlers if not asyncio.iscoroutinefunction(h.fn)]
+        str(h.id) for h in watch_handlers if not asyncio.iscoroutinefunction(h.fn)
+    ]
 
 
 def test_the_diff_base_is_the_generation_and_copies_nothing() -> None:

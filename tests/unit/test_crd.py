@@ -31,7 +31,13 @@ def test_identity_columns_and_status_subresource() -> None:
     v = c["spec"]["versions"][0]
     assert v["subresources"] == {"status": {}}
     assert [col["name"] for col in v["additionalPrinterColumns"]] == [
-        "Profile", "Nodes", "Phase", "Progress", "Restarts", "Age"]
+        "Profile",
+        "Nodes",
+        "Phase",
+        "Progress",
+        "Restarts",
+        "Age",
+    ]
 
 
 def _cel_rules(node: Any, out: list[str]) -> list[str]:

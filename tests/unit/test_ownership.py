@@ -123,13 +123,18 @@ def test_foreign_pods_with_the_jobs_labels_never_count() -> None:
 def test_the_child_index_records_the_controller_uid() -> None:
     index = handlers._child_indexer("ConfigMap")
     labels = {"finetune.dev/job-name": "j"}
-    body: Any = {"metadata": {"name": "j-config", "ownerReferences": [
-        {"uid": "other", "controller": False}, {"uid": NEW, "controller": True}]}}  # fmt: skip
+    body: Any = {
+        "metadata": {
+            "name": "j-config",
+            "ownerReferences": [{"uid": "other", "controller": False}, {"uid": NEW, "controller": True}],
+        }
+    }
     assert asyncio.run(index(body=body, name="j-config", labels=labels, namespace="ns")) == {
-        ("ns", "j"): ("ConfigMap/j-config", NEW)}  # fmt: skip
-    assert asyncio.run(index(body={"metadata": {"name": "j-config"}}, name="j-config", labels=labels,
-                             namespace="ns")) == {
-        ("ns", "j"): ("ConfigMap/j-config", None)}  # fmt: skip
+        ("ns", "j"): ("ConfigMap/j-config", NEW)
+    }
+    assert asyncio.run(
+        index(body={"metadata": {"name": "j-config"}}, name="j-config", labels=labels, namespace="ns")
+    ) == {("ns", "j"): ("ConfigMap/j-config", None)}
     # Secrets are not watched at all: the operator holds no list/watch on them (see the RBAC audit test).
     assert "secrets" not in handlers._CHILD_INDEXES
 
@@ -156,8 +161,9 @@ def mpi_loop(planted: bool) -> tuple[JobLoop, MpiApi, list[str]]:
 
     def children() -> tuple[list[dict[str, Any]], dict[str, str | None]]:
         made.append("pass")
-        return [], {f"{o['kind']}/{o['metadata']['name']}": NEW for o in api.created if o["kind"] in
-                    ("Service", "ConfigMap")}  # fmt: skip
+        return [], {
+            f"{o['kind']}/{o['metadata']['name']}": NEW for o in api.created if o["kind"] in ("Service", "ConfigMap")
+        }
 
     loop.step(children)
     return loop, api, made

@@ -12,9 +12,13 @@ from finetune_operator.admission import validate
 from finetune_operator.policy import check_config, violations
 from finetune_operator.reconcile import Observed, reconcile
 
-POLICY = {"policy": {"allowedImages": ["registry.example.com/team/*"],
-                     "allowedServiceAccounts": ["trainer", "default"],
-                     "allowedSecrets": ["hf-*"]}}  # fmt: skip
+POLICY = {
+    "policy": {
+        "allowedImages": ["registry.example.com/team/*"],
+        "allowedServiceAccounts": ["trainer", "default"],
+        "allowedSecrets": ["hf-*"],
+    }
+}
 
 
 def job(**spec: Any) -> dict[str, Any]:
@@ -31,15 +35,20 @@ def test_no_policy_allows_everything() -> None:
     assert violations(job(image="evil.example.com/x:1", serviceAccountName="admin")["spec"], {}) == []
 
 
-@pytest.mark.parametrize(("spec", "field"), [
-    ({"image": "docker.io/evil/miner:1"}, "spec.image"),
-    ({"image": "registry.example.com/teamX/y:1"}, "spec.image"),  # a glob, not a bare prefix: team/ != teamX
-    ({"serviceAccountName": "cluster-admin-sa"}, "spec.serviceAccountName"),
-    ({"hfTokenSecretRef": {"name": "db-password"}}, "spec.hfTokenSecretRef.name"),
-    ({"envFrom": [{"secretRef": {"name": "aws-root"}}]}, "spec.envFrom[0].secretRef.name"),
-    ({"env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}]},
-     "spec.env[0].valueFrom.secretKeyRef.name"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"image": "docker.io/evil/miner:1"}, "spec.image"),
+        ({"image": "registry.example.com/teamX/y:1"}, "spec.image"),  # a glob, not a bare prefix: team/ != teamX
+        ({"serviceAccountName": "cluster-admin-sa"}, "spec.serviceAccountName"),
+        ({"hfTokenSecretRef": {"name": "db-password"}}, "spec.hfTokenSecretRef.name"),
+        ({"envFrom": [{"secretRef": {"name": "aws-root"}}]}, "spec.envFrom[0].secretRef.name"),
+        (
+            {"env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}]},
+            "spec.env[0].valueFrom.secretKeyRef.name",
+        ),
+    ],
+)
 def test_each_breach_names_its_field_value_and_allowlist(spec: dict[str, Any], field: str) -> None:
     (msg,) = violations(job(**spec)["spec"], POLICY)
     assert msg.startswith(field + " ") and "policy.allowed" in msg and ": " in msg
@@ -64,6 +73,7 @@ def test_breach_fails_the_job_before_any_child_is_created() -> None:
 
 def test_bad_config_is_refused_naming_the_key() -> None:
     assert check_config({"policy": {"allowedImage": ["x"]}}) == [
-        "policy.allowedImage: unknown key (known: allowedImages, allowedServiceAccounts, allowedSecrets)"]
+        "policy.allowedImage: unknown key (known: allowedImages, allowedServiceAccounts, allowedSecrets)"
+    ]
     assert "policy.allowedImages: expected a list" in check_config({"policy": {"allowedImages": "x/*"}})[0]
     assert check_config(POLICY) == []

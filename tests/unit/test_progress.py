@@ -44,9 +44,11 @@ def test_text_joined_after_the_object_is_ignored() -> None:
 
 def test_nan_and_infinity_are_dropped() -> None:
     """Python's json reads NaN, Infinity and 1e999; a diverged loss must not reach the status or the summary."""
-    text = ('FTJOB_PROGRESS {"event":"train","step":5,"totalSteps":10,"loss":0.5}\n'
-            'FTJOB_PROGRESS {"event":"train","step":6,"totalSteps":10,"loss":NaN,"etaSeconds":Infinity,'
-            '"samplesPerSecond":-Infinity,"metrics":{"accuracy":1e999,"f1":0.5},"learningRate":[1e999, 0.1]}\n')
+    text = (
+        'FTJOB_PROGRESS {"event":"train","step":5,"totalSteps":10,"loss":0.5}\n'
+        'FTJOB_PROGRESS {"event":"train","step":6,"totalSteps":10,"loss":NaN,"etaSeconds":Infinity,'
+        '"samplesPerSecond":-Infinity,"metrics":{"accuracy":1e999,"f1":0.5},"learningRate":[1e999, 0.1]}\n'
+    )
     p = progress.from_text(text)
     assert p is not None
     assert p["step"] == 6 and p["loss"] == 0.5  # the older finite loss stays

@@ -32,9 +32,18 @@ class World:
 
     def step(self, progress: dict[str, Any] | None = None, seconds: float = 1) -> Plan:
         self.now += timedelta(seconds=seconds)
-        plan = reconcile(self.job, Observed(list(copy.deepcopy(self.pods).values()), dict(self.objects),
-                                            self.now, progress, lambda: KEYS, copy.deepcopy(self.workload),
-                                            copy.deepcopy(self.flavors)))
+        plan = reconcile(
+            self.job,
+            Observed(
+                list(copy.deepcopy(self.pods).values()),
+                dict(self.objects),
+                self.now,
+                progress,
+                lambda: KEYS,
+                copy.deepcopy(self.workload),
+                copy.deepcopy(self.flavors),
+            ),
+        )
         for name in plan.delete_pods:
             self.pods[name]["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
         for obj in plan.create:
@@ -80,8 +89,11 @@ class World:
 
 
 def terminated(code: int, reason: str = "Error", message: str = "") -> dict[str, Any]:
-    return {"containerStatuses": [{"name": "trainer", "state": {"terminated": {
-        "exitCode": code, "reason": reason, "message": message}}}]}
+    return {
+        "containerStatuses": [
+            {"name": "trainer", "state": {"terminated": {"exitCode": code, "reason": reason, "message": message}}}
+        ]
+    }
 
 
 def job2(**run_policy: Any) -> dict[str, Any]:
@@ -130,8 +142,10 @@ def _trial(message: str, code: int = 0) -> list[dict[str, Any]]:
     return [{"name": "precompile", "state": {"terminated": {"exitCode": code, "message": message}}}]
 
 
-WARM = '{"compileCache":{"warm":true,"graphHits":4,"graphMisses":0,"entriesBefore":9,"entriesAfter":9,' \
-       '"trialSeconds":8.6,"steps":16,"injected":"x"}}'
+WARM = (
+    '{"compileCache":{"warm":true,"graphHits":4,"graphMisses":0,"entriesBefore":9,"entriesAfter":9,'
+    '"trialSeconds":8.6,"steps":16,"injected":"x"}}'
+)
 
 
 def test_compile_cache_report_from_the_trials_termination_message() -> None:
@@ -140,10 +154,21 @@ def test_compile_cache_report_from_the_trials_termination_message() -> None:
     w.set_phase("p-rank-1", "Running", initContainerStatuses=_trial(WARM.replace("true", "false")))
     w.set_phase("p-rank-0", "Running", initContainerStatuses=_trial(WARM))
     plan = w.step()
-    assert w.job["status"]["compileCache"] == {"warm": True, "graphHits": 4, "graphMisses": 0, "entriesBefore": 9,
-                                               "entriesAfter": 9, "trialSeconds": 8.6, "steps": 16, "attempt": 0}
-    assert ("Normal", "CompileCache",
-            "compile cache warm: 4 graph(s) from the cache, 0 compiled; trial 8.6 s") in plan.events
+    assert w.job["status"]["compileCache"] == {
+        "warm": True,
+        "graphHits": 4,
+        "graphMisses": 0,
+        "entriesBefore": 9,
+        "entriesAfter": 9,
+        "trialSeconds": 8.6,
+        "steps": 16,
+        "attempt": 0,
+    }
+    assert (
+        "Normal",
+        "CompileCache",
+        "compile cache warm: 4 graph(s) from the cache, 0 compiled; trial 8.6 s",
+    ) in plan.events
     assert w.step().events == []  # level-triggered: the same report again is no news
     w.all_phase("Succeeded")
     w.step()
@@ -151,8 +176,12 @@ def test_compile_cache_report_from_the_trials_termination_message() -> None:
 
 
 def test_compile_cache_report_ignores_failed_or_malformed_trials() -> None:
-    for init in (_trial(WARM, code=1), _trial("boom: last log lines"), _trial('{"compileCache":{"warm":"yes"}}'),
-                 _trial('{"compileCache":{"warm":false,"graphHits":true,"steps":"2"}}')):
+    for init in (
+        _trial(WARM, code=1),
+        _trial("boom: last log lines"),
+        _trial('{"compileCache":{"warm":"yes"}}'),
+        _trial('{"compileCache":{"warm":false,"graphHits":true,"steps":"2"}}'),
+    ):
         w = World(make_job("p").classification().cache(precompile=True).build())
         w.step()
         w.set_phase("p-rank-0", "Running", initContainerStatuses=init)
@@ -264,15 +293,28 @@ def test_mpi_launcher_success_stops_workers() -> None:
 def test_unschedulable_and_image_errors_surface_in_status() -> None:
     w = World(make_job("u").profile("trn1").instance("trn1.32xlarge").procs(8).classification().build())
     w.step()
-    w.set_phase("u-rank-0", "Pending", conditions=[{"type": "PodScheduled", "status": "False",
-                                                     "reason": "Unschedulable",
-                                                     "message": "0/3 nodes are available: Insufficient "
-                                                                "aws.amazon.com/neuron."}])
+    w.set_phase(
+        "u-rank-0",
+        "Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: Insufficient aws.amazon.com/neuron.",
+            }
+        ],
+    )
     w.step()
     assert w.job["status"]["reason"] == "Unschedulable"
     assert "Insufficient aws.amazon.com/neuron" in w.job["status"]["message"]
-    w.set_phase("u-rank-0", "Pending", containerStatuses=[{"name": "trainer", "state": {"waiting": {
-        "reason": "ImagePullBackOff", "message": "pull access denied"}}}])
+    w.set_phase(
+        "u-rank-0",
+        "Pending",
+        containerStatuses=[
+            {"name": "trainer", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "pull access denied"}}}
+        ],
+    )
     w.step()
     assert w.job["status"]["message"] == "u-rank-0/trainer: ImagePullBackOff: pull access denied"
 
@@ -350,10 +392,16 @@ def test_network_policy_created_with_the_other_objects_when_configured() -> None
     assert "NetworkPolicy" not in {o["kind"] for o in plan.create}
 
 
-PENDING = ("QuotaReserved", "False", "Pending",
-           "couldn't assign flavors to pod set rank: insufficient unused quota for cpu in flavor default")
-ADMITTED = [("QuotaReserved", "True", "QuotaReserved", "Quota reserved in ClusterQueue cq"),
-            ("Admitted", "True", "Admitted", "The workload is admitted")]
+PENDING = (
+    "QuotaReserved",
+    "False",
+    "Pending",
+    "couldn't assign flavors to pod set rank: insufficient unused quota for cpu in flavor default",
+)
+ADMITTED = [
+    ("QuotaReserved", "True", "QuotaReserved", "Quota reserved in ClusterQueue cq"),
+    ("Admitted", "True", "Admitted", "The workload is admitted"),
+]
 
 
 def test_queued_job_makes_its_workload_and_no_pods_until_admitted() -> None:
@@ -420,8 +468,10 @@ def test_evicted_job_stops_its_pods_then_releases_the_quota() -> None:
 
 
 def on_flavor(name: str) -> dict[str, Any]:
-    return {"clusterQueue": "cq", "podSetAssignments": [{"name": "rank", "count": 2,
-                                                         "flavors": {"cpu": name, "memory": name}}]}  # fmt: skip
+    return {
+        "clusterQueue": "cq",
+        "podSetAssignments": [{"name": "rank", "count": 2, "flavors": {"cpu": name, "memory": name}}],
+    }
 
 
 def test_admitted_job_pods_carry_their_flavors_labels_and_tolerations_and_wait_for_an_unread_one() -> None:
@@ -454,8 +504,14 @@ def test_admitted_job_pods_carry_their_flavors_labels_and_tolerations_and_wait_f
 
 
 def test_a_flavor_contradicting_the_jobs_node_selector_fails_it_and_releases_the_quota() -> None:
-    w = World(make_job("j", "ns").nodes(2).classification().set("spec.hardware.nodeSelector", {"pool": "trn1"})
-              .run_policy(queueName="q").build())  # fmt: skip
+    w = World(
+        make_job("j", "ns")
+        .nodes(2)
+        .classification()
+        .set("spec.hardware.nodeSelector", {"pool": "trn1"})
+        .run_policy(queueName="q")
+        .build()
+    )
     w.step()
     w.flavors = {"spr": {"metadata": {"name": "spr"}, "spec": {"nodeLabels": {"pool": "spr"}}}}
     w.kueue(*ADMITTED, admission=on_flavor("spr"))
@@ -472,8 +528,14 @@ def test_a_flavor_contradicting_the_jobs_node_selector_fails_it_and_releases_the
 
 
 def test_a_flavor_edited_under_running_pods_fails_the_job_only_when_it_creates_pods() -> None:
-    w = World(make_job("j", "ns").nodes(2).classification().set("spec.hardware.nodeSelector", {"pool": "spr"})
-              .run_policy(queueName="q", backoffLimit=2).build())  # fmt: skip
+    w = World(
+        make_job("j", "ns")
+        .nodes(2)
+        .classification()
+        .set("spec.hardware.nodeSelector", {"pool": "spr"})
+        .run_policy(queueName="q", backoffLimit=2)
+        .build()
+    )
     w.step()
     w.flavors = {"spr": {"metadata": {"name": "spr"}, "spec": {"nodeLabels": {"pool": "spr"}}}}
     w.kueue(*ADMITTED, admission=on_flavor("spr"))
@@ -512,10 +574,21 @@ def test_worker_oom_seen_with_the_launchers_crash_is_reported_as_the_oom() -> No
     w.step()
     w.all_phase("Running")
     w.step()
-    w.set_phase("distilbert-squad-cpu-worker-1", "Failed", containerStatuses=[{"name": "sshd", "state": {
-        "terminated": {"exitCode": 137, "reason": "OOMKilled"}}}])  # fmt: skip
-    w.set_phase("distilbert-squad-cpu-launcher", "Failed", containerStatuses=[{"name": "launcher", "state": {
-        "terminated": {"exitCode": 1, "reason": "Error", "message": "mpirun: ssh connection lost"}}}])  # fmt: skip
+    w.set_phase(
+        "distilbert-squad-cpu-worker-1",
+        "Failed",
+        containerStatuses=[{"name": "sshd", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}],
+    )
+    w.set_phase(
+        "distilbert-squad-cpu-launcher",
+        "Failed",
+        containerStatuses=[
+            {
+                "name": "launcher",
+                "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": "mpirun: ssh connection lost"}},
+            }
+        ],
+    )
     w.step()
     st = w.job["status"]
     assert w.phase == "Failed" and st["reason"] == "OOMKilled", st["message"]
@@ -535,15 +608,32 @@ def test_slim_pods_plan_as_whole_pods_do() -> None:
         pod["status"].update(podIP="10.0.0.1", hostIP="10.0.0.2", startTime="2026-12-02T10:00:00Z")
     terminated = {"exitCode": 137, "reason": "OOMKilled", "message": "last lines", "containerID": "c://1"}
     states: list[dict[str, Any]] = [
-        {"phase": "Running", "containerStatuses": [{"name": "trainer", "ready": True, "state": {"running": {
-            "startedAt": "2026-12-02T10:00:01Z"}}}]},
+        {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": "trainer", "ready": True, "state": {"running": {"startedAt": "2026-12-02T10:00:01Z"}}}
+            ],
+        },
         {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]},
         {"phase": "Failed", "reason": "Evicted", "message": "node low on memory"},
-        {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                             "message": "0/3 nodes"}, {"type": "Ready", "status": "False"}]},
+        {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"},
+                {"type": "Ready", "status": "False"},
+            ],
+        },
         {"phase": "Pending", "initContainerStatuses": [{"name": "precompile", "state": {"running": {}}}]},
-        {"phase": "Pending", "containerStatuses": [{"name": "trainer", "image": "x", "state": {"waiting": {
-            "reason": "ImagePullBackOff", "message": "not found"}}}]},
+        {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "image": "x",
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}},
+                }
+            ],
+        },
         {"phase": "Succeeded"},
     ]
     for state in states:
@@ -553,9 +643,16 @@ def test_slim_pods_plan_as_whole_pods_do() -> None:
             first["status"] = dict(first["status"], **copy.deepcopy(state))
             if deleting:
                 first["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:05Z"
-            whole = reconcile(copy.deepcopy(w.job), Observed(list(pods.values()), dict(w.objects), w.now, None,
-                                                             lambda: KEYS))  # fmt: skip
-            slim = reconcile(copy.deepcopy(w.job), Observed([slim_child(p) for p in pods.values()], dict(w.objects),
-                                                            w.now, None, lambda: KEYS))  # fmt: skip
+            whole = reconcile(
+                copy.deepcopy(w.job), Observed(list(pods.values()), dict(w.objects), w.now, None, lambda: KEYS)
+            )
+            slim = reconcile(
+                copy.deepcopy(w.job),
+                Observed([slim_child(p) for p in pods.values()], dict(w.objects), w.now, None, lambda: KEYS),
+            )
             assert (slim.status, slim.create, slim.delete_pods, slim.events) == (
-                whole.status, whole.create, whole.delete_pods, whole.events), (state, deleting)
+                whole.status,
+                whole.create,
+                whole.delete_pods,
+                whole.events,
+            ), (state, deleting)

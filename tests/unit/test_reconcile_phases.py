@@ -21,7 +21,7 @@ OWNER = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "name": "
 
 
 def own(*refs: str) -> dict[str, str | None]:
-    """"Kind/name" of objects the job (uid-1) controls, as the indexes hold them."""
+    """ "Kind/name" of objects the job (uid-1) controls, as the indexes hold them."""
     return dict.fromkeys(refs, "uid-1")
 
 
@@ -34,8 +34,15 @@ def job(status: dict[str, Any] | None = None, mpi: bool = False, **run_policy: A
     return j
 
 
-def pod(name: str, phase: str, attempt: int = 0, rank: int | None = None, role: str = "rank", deleting: bool = False,
-        **status: Any) -> dict[str, Any]:
+def pod(
+    name: str,
+    phase: str,
+    attempt: int = 0,
+    rank: int | None = None,
+    role: str = "rank",
+    deleting: bool = False,
+    **status: Any,
+) -> dict[str, Any]:
     labels = {"finetune.dev/attempt": str(attempt), "finetune.dev/role": role}
     if rank is not None:
         labels["finetune.dev/rank"] = str(rank)
@@ -49,8 +56,13 @@ def ranks(phase: str, attempt: int = 0, **status: Any) -> list[dict[str, Any]]:
     return [pod(f"j-rank-{i}", phase, attempt, rank=i, **status) for i in range(2)]
 
 
-def start(j: dict[str, Any], pods: list[dict[str, Any]] | None = None, objects: dict[str, str | None] | None = None,
-          now: datetime = T0, keys: Any = lambda: KEYS) -> Pass:
+def start(
+    j: dict[str, Any],
+    pods: list[dict[str, Any]] | None = None,
+    objects: dict[str, str | None] | None = None,
+    now: datetime = T0,
+    keys: Any = lambda: KEYS,
+) -> Pass:
     return begin(j, Observed(pods or [], objects or {}, now, None, keys))
 
 
@@ -115,8 +127,11 @@ def test_deadline_sets_a_timer_then_fails_the_job() -> None:
 
 # -- group failure -------------------------------------------------------------------------------------------
 def terminated(code: int, reason: str, message: str = "") -> dict[str, Any]:
-    return {"containerStatuses": [{"name": "trainer", "state": {"terminated": {
-        "exitCode": code, "reason": reason, "message": message}}}]}
+    return {
+        "containerStatuses": [
+            {"name": "trainer", "state": {"terminated": {"exitCode": code, "reason": reason, "message": message}}}
+        ]
+    }
 
 
 def test_group_failure_passes_on_when_nothing_failed() -> None:
@@ -134,8 +149,14 @@ def test_group_failure_restarts_every_rank_while_restarts_remain() -> None:
     assert plan is not None and plan.status["phase"] == "Restarting" and plan.status["restartCount"] == 1
     assert sorted(plan.delete_pods) == ["j-rank-0", "j-rank-1"]
     assert plan.status["failures"][-1] | {"logTail": ""} == {
-        "attempt": 0, "pod": "j-rank-1", "rank": 1, "container": "trainer", "exitCode": 3, "reason": "Error",
-        "logTail": ""}
+        "attempt": 0,
+        "pod": "j-rank-1",
+        "rank": 1,
+        "container": "trainer",
+        "exitCode": 3,
+        "reason": "Error",
+        "logTail": "",
+    }
 
 
 def test_oom_reason_comes_from_the_container_state_not_its_message() -> None:
@@ -214,4 +235,11 @@ def test_torchrun_jobs_never_make_keys() -> None:
 
 def test_phases_run_in_order() -> None:
     assert [f.__name__ for f in rec.PHASES] == [
-        "terminal", "allowlists", "suspended", "queued", "deadline", "group_failure", "success"]
+        "terminal",
+        "allowlists",
+        "suspended",
+        "queued",
+        "deadline",
+        "group_failure",
+        "success",
+    ]

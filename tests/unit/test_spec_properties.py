@@ -86,12 +86,15 @@ def test_render_never_prints_a_traceback_for_cpu_quantities(tmp_path, value: str
     job = make_job().classification().set("spec.hardware.resources", {"requests": {"cpu": value}}).build()
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
-    r = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)], capture_output=True, text=True
+    )
     assert "Traceback" not in r.stderr
     if value == "2k":  # a valid quantity: 2000 CPUs
         assert r.returncode == 0 and "OMP_NUM_THREADS" in r.stdout
     else:
         assert r.returncode == 1
-        assert ("spec.hardware.resources.requests: spec.hardware.resources.requests values must be non-negative "
-                "Kubernetes quantities below 1E") in r.stderr
+        assert (
+            "spec.hardware.resources.requests: spec.hardware.resources.requests values must be non-negative "
+            "Kubernetes quantities below 1E"
+        ) in r.stderr

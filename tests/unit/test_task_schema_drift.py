@@ -21,7 +21,8 @@ def _plugins() -> list[tasks.base.TaskPlugin]:
 def test_task_types_are_the_plugins() -> None:
     assert set(schema.TASK_TYPES) == set(tasks.task_types()), (
         "spec.task.type's enum (schema.TASK_TYPES) and the runtime's plugin modules differ: add the schema entry "
-        "or the plugin module")
+        "or the plugin module"
+    )
     assert set(config.TASK_TYPES) == set(tasks.task_types())
     assert schema.TASK["properties"]["type"]["enum"] == list(schema.TASK_TYPES)
 
@@ -34,15 +35,19 @@ def test_plugin_module_serves_its_type(task_type: str) -> None:
 def test_task_options_match_the_plugins() -> None:
     runtime = set(COMMON_TASK_OPTIONS).union(*(p.task_options for p in _plugins()))
     operator = set(schema.TASK["properties"])
-    assert operator == runtime, (f"spec.task options only in the schema: {sorted(operator - runtime)}; only in "
-                                 f"the runtime plugins' task_options: {sorted(runtime - operator)}")
+    assert operator == runtime, (
+        f"spec.task options only in the schema: {sorted(operator - runtime)}; only in "
+        f"the runtime plugins' task_options: {sorted(runtime - operator)}"
+    )
 
 
 def test_dataset_options_match_the_plugins() -> None:
     runtime = set(COMMON_DATASET_OPTIONS).union(*(p.dataset_options for p in _plugins()))
     operator = set(schema.DATASET["properties"])
-    assert operator == runtime, (f"spec.task.dataset options only in the schema: {sorted(operator - runtime)}; "
-                                 f"only in the plugins' dataset_options: {sorted(runtime - operator)}")
+    assert operator == runtime, (
+        f"spec.task.dataset options only in the schema: {sorted(operator - runtime)}; "
+        f"only in the plugins' dataset_options: {sorted(runtime - operator)}"
+    )
 
 
 def test_each_option_belongs_to_one_task_or_all() -> None:
@@ -60,5 +65,9 @@ def test_lora_schema_matches_the_runtime_parser() -> None:
     lora = schema.TASK["properties"]["lora"]["properties"]
     defaults = LoraOptions()
     assert set(lora) == {"r", "alpha", "dropout", "targetModules", "merge"}
-    assert (lora["r"]["default"], lora["alpha"]["default"], lora["dropout"]["default"], lora["merge"]["default"]) \
-        == (defaults.r, defaults.alpha, defaults.dropout, defaults.merge)
+    assert (lora["r"]["default"], lora["alpha"]["default"], lora["dropout"]["default"], lora["merge"]["default"]) == (
+        defaults.r,
+        defaults.alpha,
+        defaults.dropout,
+        defaults.merge,
+    )

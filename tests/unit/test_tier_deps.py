@@ -29,13 +29,17 @@ def test_runtime_targets_install_ssh(tool: str) -> None:
     assert missing_from_targets("runtime", tool) == []
 
 
-@pytest.mark.parametrize("path", sorted(p for t in MPI_TIERS for p in (ROOT / "tests" / t).glob("test_*.py")),
-                         ids=lambda p: str(Path(p).relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for t in MPI_TIERS for p in (ROOT / "tests" / t).glob("test_*.py")),
+    ids=lambda p: str(Path(p).relative_to(ROOT)),
+)
 def test_mpi_and_ssh_tests_get_their_tools_through_tierdeps(path: Path) -> None:
     text = path.read_text()
     if LAUNCHES.search(text):
-        assert re.search(r"^from tierdeps import .*\b(mpi_env|require)\b", text, re.M), \
+        assert re.search(r"^from tierdeps import .*\b(mpi_env|require)\b", text, re.M), (
             f"{path.name} runs MPI or ssh: take them from tierdeps.mpi_env/require so its make target must install them"
+        )
 
 
 def test_the_checker_sees_a_missing_package() -> None:

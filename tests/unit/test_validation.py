@@ -32,8 +32,9 @@ def test_render_cli_exits_nonzero_with_field_and_fix(tmp_path) -> None:
     job = bad_job(next(c for c in BAD_SPECS if c.id == "trn1-unplaceable-devices"))
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
-    r = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)], capture_output=True, text=True
+    )
     assert r.returncode == 1
     assert "spec.hardware.procsPerNode" in r.stderr
     assert "set spec.hardware.procsPerNode to 1, 2, 8, 16 or 32" in r.stderr
@@ -100,12 +101,15 @@ def test_validation_is_total_and_consistent_with_render(profile, nodes, procs, p
     assert children.layout.procs_per_node >= 1
 
 
-@pytest.mark.parametrize("files", [
-    {},  # the Hub's ja JSONL files, as the samples name them
-    {"train": "data/ja/train.jsonl.gz"},
-    {"train": "hf://datasets/o/n@main/data/train-*.parquet", "test": "hf://datasets/o/n@main/data/test-*.parquet"},
-    {"train": "/data/train.csv", "validation.small": "/data/validation.csv"},
-])
+@pytest.mark.parametrize(
+    "files",
+    [
+        {},  # the Hub's ja JSONL files, as the samples name them
+        {"train": "data/ja/train.jsonl.gz"},
+        {"train": "hf://datasets/o/n@main/data/train-*.parquet", "test": "hf://datasets/o/n@main/data/test-*.parquet"},
+        {"train": "/data/train.csv", "validation.small": "/data/validation.csv"},
+    ],
+)
 def test_data_files_accepted(files: dict[str, str]) -> None:
     job = validate(make_job().classification().data_files(**files).build())
     ds = job["spec"]["task"]["dataset"]
@@ -120,11 +124,11 @@ def test_render_rejects_bad_data_files_naming_the_field(tmp_path) -> None:
     job = make_job().classification().data_files(validation="v.jsonl").build()
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
-    r = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)], capture_output=True, text=True
+    )
     assert r.returncode == 1 and r.stdout == ""
-    assert "spec.task.dataset.dataFiles: spec.task.dataset.dataFiles must have an entry for the train split" \
-        in r.stderr
+    assert "spec.task.dataset.dataFiles: spec.task.dataset.dataFiles must have an entry for the train split" in r.stderr
 
 
 def test_readme_example_job_is_valid_and_reads_data_files() -> None:
@@ -133,8 +137,12 @@ def test_readme_example_job_is_valid_and_reads_data_files() -> None:
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    jobs = [d for block in re.findall(r"^```yaml\n(.*?)^```$", readme, re.M | re.S)
-            for d in yaml.safe_load_all(block) if isinstance(d, dict) and d.get("kind") == "FineTuneJob"]
+    jobs = [
+        d
+        for block in re.findall(r"^```yaml\n(.*?)^```$", readme, re.M | re.S)
+        for d in yaml.safe_load_all(block)
+        if isinstance(d, dict) and d.get("kind") == "FineTuneJob"
+    ]
     assert jobs, "README.md has no FineTuneJob example"
     for job in jobs:
         ds = validate(job)["spec"]["task"]["dataset"]
@@ -161,8 +169,9 @@ def test_hf_token_is_reserved_only_with_hf_token_secret_ref() -> None:
     token = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
     validate(make_job().classification().set("spec.env", token).build())
     with pytest.raises(InvalidSpec) as exc:
-        validate(make_job().classification().set("spec.env", token).set("spec.hfTokenSecretRef", {"name": "hf"})
-                 .build())
+        validate(
+            make_job().classification().set("spec.env", token).set("spec.hfTokenSecretRef", {"name": "hf"}).build()
+        )
     assert [e.field for e in exc.value.errors] == ["spec.env"]
 
 
@@ -172,10 +181,14 @@ def test_every_ftjob_variable_is_reserved_even_one_not_set_yet() -> None:
 
 
 def test_render_reports_unreadable_input_without_a_traceback(tmp_path) -> None:
-    for text, expect in (("a: [", "is not valid YAML"), ("metadata: x\nspec: {}\n", "metadata: must be of type object"),
-                         ("- 1\n- 2\n", "every document must be a FineTuneJob mapping")):
+    for text, expect in (
+        ("a: [", "is not valid YAML"),
+        ("metadata: x\nspec: {}\n", "metadata: must be of type object"),
+        ("- 1\n- 2\n", "every document must be a FineTuneJob mapping"),
+    ):
         path = tmp_path / "job.yaml"
         path.write_text(text)
-        r = subprocess.run([sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path)], capture_output=True, text=True
+        )
         assert r.returncode == 1 and "Traceback" not in r.stderr and expect in r.stderr, r.stderr

@@ -22,8 +22,10 @@ LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LABEL_VALUE_MAX = 63
 # Qualified name (label keys, taint keys, resource names): an optional DNS subdomain prefix and '/', then a name
 # of at most 63 characters. The prefix's 253-character bound is checked apart (see qualified_name_cel).
-QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                  r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+QUALIFIED_NAME = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 QUALIFIED_NAME_MAX = DNS_SUBDOMAIN_MAX + 1 + 63
 # Environment variable names: any printable ASCII except '=' (Kubernetes' relaxed rule, GA since 1.34).
 ENV_NAME = r"^[ -<>-~]+$"
@@ -38,9 +40,9 @@ IMAGE = r"^[^\s]+$"
 # What each pattern means, for `ftjob render`'s messages (the API server quotes the pattern itself).
 PATTERN_HINTS = {
     DNS_SUBDOMAIN: "use a DNS subdomain: lower-case letters, digits, '-' and '.', starting and ending with a "
-                   "letter or digit (e.g. my-name)",
+    "letter or digit (e.g. my-name)",
     LABEL_VALUE: "use a label value: at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter "
-                 "or digit, or empty",
+    "or digit, or empty",
     ENV_NAME: "use printable ASCII characters other than '='",
     CONFIG_KEY: "use letters, digits, '-', '_' and '.'",
     IMAGE: "remove the whitespace",
@@ -96,8 +98,7 @@ def is_qualified_name(v: object) -> bool:
 
 def qualified_name_cel(var: str) -> str:
     """CEL twin of is_qualified_name for the string expression `var`."""
-    return (f"({var}.matches('{QUALIFIED_NAME}') && "
-            f"(!{var}.contains('/') || {var}.indexOf('/') <= {DNS_SUBDOMAIN_MAX}))")
+    return f"({var}.matches('{QUALIFIED_NAME}') && (!{var}.contains('/') || {var}.indexOf('/') <= {DNS_SUBDOMAIN_MAX}))"
 
 
 def is_label_value(v: object) -> bool:
@@ -122,13 +123,16 @@ def is_resource_name(name: object) -> bool:
     if name in NATIVE_RESOURCES:
         return True
     if name.startswith(HUGEPAGES_PREFIX):
-        size = name[len(HUGEPAGES_PREFIX):]
+        size = name[len(HUGEPAGES_PREFIX) :]
         return is_quantity(size) and not size.startswith(("+", "-"))
     if "/" not in name or not is_qualified_name(name):
         return False
     domain = name.split("/")[0]
-    return not (domain in ("kubernetes.io", "k8s.io") or domain.endswith((".kubernetes.io", ".k8s.io"))
-                or name.startswith("requests."))
+    return not (
+        domain in ("kubernetes.io", "k8s.io")
+        or domain.endswith((".kubernetes.io", ".k8s.io"))
+        or name.startswith("requests.")
+    )
 
 
 def resource_name_cel(var: str) -> str:
@@ -136,9 +140,11 @@ def resource_name_cel(var: str) -> str:
     native = "[" + ", ".join(f"'{n}'" for n in NATIVE_RESOURCES) + "]"
     size = f"{var}.substring({len(HUGEPAGES_PREFIX)})"
     domain = f"{var}.split('/')[0]"
-    return (f"({var} in {native} || "
-            f"({var}.startsWith('{HUGEPAGES_PREFIX}') && isQuantity({size}) && !{size}.startsWith('+') && "
-            f"!{size}.startsWith('-')) || "
-            f"(!{var}.startsWith('{HUGEPAGES_PREFIX}') && {var}.contains('/') && {qualified_name_cel(var)} && "
-            f"!({domain} in ['kubernetes.io', 'k8s.io'] || {domain}.endsWith('.kubernetes.io') || "
-            f"{domain}.endsWith('.k8s.io') || {var}.startsWith('requests.'))))")
+    return (
+        f"({var} in {native} || "
+        f"({var}.startsWith('{HUGEPAGES_PREFIX}') && isQuantity({size}) && !{size}.startsWith('+') && "
+        f"!{size}.startsWith('-')) || "
+        f"(!{var}.startsWith('{HUGEPAGES_PREFIX}') && {var}.contains('/') && {qualified_name_cel(var)} && "
+        f"!({domain} in ['kubernetes.io', 'k8s.io'] || {domain}.endsWith('.kubernetes.io') || "
+        f"{domain}.endsWith('.k8s.io') || {var}.startsWith('requests.'))))"
+    )

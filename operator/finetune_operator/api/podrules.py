@@ -14,11 +14,21 @@ from .rules import Rule
 Obj = dict[str, Any]
 
 # Downward-API fields a container's env may read (the pod's rule for env; labels/annotations need a key).
-ENV_FIELD_PATHS = ("metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName",
-                   "spec.serviceAccountName", "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs")
+ENV_FIELD_PATHS = (
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.hostIPs",
+    "status.podIP",
+    "status.podIPs",
+)
 ENV_FIELD_PATH_KEYED = r"^metadata[.](labels|annotations)\['[^']+'\]$"
-ENV_RESOURCE_FIELDS = tuple(f"{kind}.{res}" for kind in ("limits", "requests")
-                            for res in ("cpu", "memory", "ephemeral-storage"))
+ENV_RESOURCE_FIELDS = tuple(
+    f"{kind}.{res}" for kind in ("limits", "requests") for res in ("cpu", "memory", "ephemeral-storage")
+)
 ENV_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")
 ENVFROM_SOURCES = ("configMapRef", "secretRef")
 
@@ -37,8 +47,10 @@ def _cmp(a: Any, b: Any) -> int:
 
 
 def _quantities_ok(m: Obj | None) -> bool:
-    return all(f.is_quantity(_q(v)) and 0 <= f.parse_quantity(_q(v)) < f.parse_quantity(QUANTITY_CEILING)
-               for v in (m or {}).values())
+    return all(
+        f.is_quantity(_q(v)) and 0 <= f.parse_quantity(_q(v)) < f.parse_quantity(QUANTITY_CEILING)
+        for v in (m or {}).values()
+    )
 
 
 def _names_ok(m: Obj | None) -> bool:
@@ -48,18 +60,25 @@ def _names_ok(m: Obj | None) -> bool:
 def _extended_ok(r: Obj) -> bool:
     req, lim = r.get("requests") or {}, r.get("limits") or {}
     for k, v in req.items():
-        if f.is_extended_resource(k) and (k not in lim or not f.is_quantity(_q(v)) or not f.is_quantity(_q(lim[k]))
-                                          or _cmp(v, lim[k]) != 0):
+        if f.is_extended_resource(k) and (
+            k not in lim or not f.is_quantity(_q(v)) or not f.is_quantity(_q(lim[k])) or _cmp(v, lim[k]) != 0
+        ):
             return False
-    return all(not f.is_extended_resource(k) or k.startswith(f.HUGEPAGES_PREFIX)
-               or not f.is_quantity(_q(v)) or f.parse_quantity(_q(v)) == f.parse_quantity(_q(v)).to_integral_value()
-               for k, v in lim.items())
+    return all(
+        not f.is_extended_resource(k)
+        or k.startswith(f.HUGEPAGES_PREFIX)
+        or not f.is_quantity(_q(v))
+        or f.parse_quantity(_q(v)) == f.parse_quantity(_q(v)).to_integral_value()
+        for k, v in lim.items()
+    )
 
 
 def _requests_within_limits(r: Obj) -> bool:
     req, lim = r.get("requests") or {}, r.get("limits") or {}
-    return all(k not in lim or not (f.is_quantity(_q(v)) and f.is_quantity(_q(lim[k]))) or _cmp(v, lim[k]) <= 0
-               for k, v in req.items())
+    return all(
+        k not in lim or not (f.is_quantity(_q(v)) and f.is_quantity(_q(lim[k]))) or _cmp(v, lim[k]) <= 0
+        for k, v in req.items()
+    )
 
 
 def _valid_env(e: Obj) -> bool:
@@ -77,7 +96,8 @@ def _valid_env(e: Obj) -> bool:
     if "resourceFieldRef" in src:
         ref = src["resourceFieldRef"]
         return ref.get("resource") in ENV_RESOURCE_FIELDS and (
-            "divisor" not in ref or (f.is_quantity(ref["divisor"]) and f.parse_quantity(ref["divisor"]) > 0))
+            "divisor" not in ref or (f.is_quantity(ref["divisor"]) and f.parse_quantity(ref["divisor"]) > 0)
+        )
     return True
 
 
@@ -98,9 +118,10 @@ def _cel_list(items: tuple[str, ...]) -> str:
 
 _ENV_CEL = (
     "!(has(e.value) && has(e.valueFrom)) && (!has(e.valueFrom) || ("
-    + " + ".join(f"(has(e.valueFrom.{s}) ? 1 : 0)" for s in ENV_SOURCES) + " == 1"
+    + " + ".join(f"(has(e.valueFrom.{s}) ? 1 : 0)" for s in ENV_SOURCES)
+    + " == 1"
     f" && (!has(e.valueFrom.fieldRef) || e.valueFrom.fieldRef.fieldPath in {_cel_list(ENV_FIELD_PATHS)} || "
-    f"e.valueFrom.fieldRef.fieldPath.matches(r\"{ENV_FIELD_PATH_KEYED}\"))"
+    f'e.valueFrom.fieldRef.fieldPath.matches(r"{ENV_FIELD_PATH_KEYED}"))'
     f" && (!has(e.valueFrom.resourceFieldRef) || (e.valueFrom.resourceFieldRef.resource in "
     f"{_cel_list(ENV_RESOURCE_FIELDS)} && (!has(e.valueFrom.resourceFieldRef.divisor) || "
     "(isQuantity(e.valueFrom.resourceFieldRef.divisor) && "
@@ -117,15 +138,18 @@ _TOLERATION_CEL = (
 
 def pod_rules() -> list[Rule]:
     """Rules whose failure would otherwise surface only as a refused pod create."""
-    qty = ("isQuantity(string(self.{m}[k])) && quantity(string(self.{m}[k])).compareTo(quantity('0')) >= 0 && "
-           f"quantity(string(self.{{m}}[k])).isLessThan(quantity('{QUANTITY_CEILING}'))")
+    qty = (
+        "isQuantity(string(self.{m}[k])) && quantity(string(self.{m}[k])).compareTo(quantity('0')) >= 0 && "
+        f"quantity(string(self.{{m}}[k])).isLessThan(quantity('{QUANTITY_CEILING}'))"
+    )
     integral = "quantity(string(self.limits[k])).isInteger()"
     return [
         Rule(
             "resource-names",
             "spec.hardware.resources",
-            " && ".join(f"(!has(self.{m}) || self.{m}.all(k, {f.resource_name_cel('k')}))"
-                        for m in ("requests", "limits")),
+            " && ".join(
+                f"(!has(self.{m}) || self.{m}.all(k, {f.resource_name_cel('k')}))" for m in ("requests", "limits")
+            ),
             "",
             "spec.hardware.resources keys are container resource names: cpu, memory, ephemeral-storage, "
             "hugepages-<size> (e.g. hugepages-2Mi) or a device plugin's prefixed name (e.g. aws.amazon.com/neuron, "
@@ -210,7 +234,8 @@ def pod_rules() -> list[Rule]:
             "env-from-one-source",
             "spec",
             "!has(self.envFrom) || self.envFrom.all(e, "
-            + " + ".join(f"(has(e.{s}) ? 1 : 0)" for s in ENVFROM_SOURCES) + " == 1)",
+            + " + ".join(f"(has(e.{s}) ? 1 : 0)" for s in ENVFROM_SOURCES)
+            + " == 1)",
             ".envFrom",
             "each spec.envFrom entry names exactly one of configMapRef and secretRef",
             lambda s: all(sum(k in e for k in ENVFROM_SOURCES) == 1 for e in s.get("envFrom") or []),

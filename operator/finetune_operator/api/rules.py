@@ -98,9 +98,11 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             "self.mpi.slotsPerNode == self.hardware.procsPerNode",
             ".mpi.slotsPerNode",
             "spec.mpi.slotsPerNode must equal spec.hardware.procsPerNode when both are set; drop one of them",
-            lambda s: not _has(s, "mpi", "slotsPerNode")
-            or not _has(s, "hardware", "procsPerNode")
-            or s["mpi"]["slotsPerNode"] == s["hardware"]["procsPerNode"],
+            lambda s: (
+                not _has(s, "mpi", "slotsPerNode")
+                or not _has(s, "hardware", "procsPerNode")
+                or s["mpi"]["slotsPerNode"] == s["hardware"]["procsPerNode"]
+            ),
         ),
         Rule(
             "training-needs-task",
@@ -203,14 +205,20 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             "data-files-format",
             "spec.task.dataset",
             "!has(self.dataFiles) || has(self.format) || "
-            + " || ".join(f"self.dataFiles.all(k, self.dataFiles[k].matches('{pat}'))"
-                          for pat in _FORMAT_PATTERNS.values()),
+            + " || ".join(
+                f"self.dataFiles.all(k, self.dataFiles[k].matches('{pat}'))" for pat in _FORMAT_PATTERNS.values()
+            ),
             ".format",
             "spec.task.dataset.format cannot be told from the names in spec.task.dataset.dataFiles: set format "
             "to json, csv or parquet (told from the extension only when every file ends in .jsonl/.json, every "
             "one in .csv or every one in .parquet, optionally followed by .gz, .bz2, .xz or .zst)",
-            lambda d: not _has(d, "dataFiles") or _has(d, "format")
-            or any(all(re.search(pat, str(f)) for f in d["dataFiles"].values()) for pat in _FORMAT_PATTERNS.values()),
+            lambda d: (
+                not _has(d, "dataFiles")
+                or _has(d, "format")
+                or any(
+                    all(re.search(pat, str(f)) for f in d["dataFiles"].values()) for pat in _FORMAT_PATTERNS.values()
+                )
+            ),
         ),
         Rule(
             "format-needs-data-files",
@@ -224,13 +232,14 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
         Rule(
             "classification-columns",
             "spec.task",
-            "self.type != 'text-classification' || (has(self.dataset.textColumn) && "
-            "has(self.dataset.labelColumn))",
+            "self.type != 'text-classification' || (has(self.dataset.textColumn) && has(self.dataset.labelColumn))",
             ".dataset.textColumn",
             "text-classification needs spec.task.dataset.textColumn and spec.task.dataset.labelColumn (e.g. "
             "text and label)",
-            lambda t: t.get("type") != "text-classification"
-            or (_has(t, "dataset", "textColumn") and _has(t, "dataset", "labelColumn")),
+            lambda t: (
+                t.get("type") != "text-classification"
+                or (_has(t, "dataset", "textColumn") and _has(t, "dataset", "labelColumn"))
+            ),
         ),
         Rule(
             "label-ids-have-names",
@@ -240,9 +249,11 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             ".dataset.labelMap",
             "every class id in spec.task.dataset.labelMap must index spec.task.labels; add the missing label "
             "names or fix the ids",
-            lambda t: not _has(t, "labels")
-            or not _has(t, "dataset", "labelMap")
-            or all(int(v) < len(t["labels"]) for v in t["dataset"]["labelMap"].values()),
+            lambda t: (
+                not _has(t, "labels")
+                or not _has(t, "dataset", "labelMap")
+                or all(int(v) < len(t["labels"]) for v in t["dataset"]["labelMap"].values())
+            ),
         ),
         Rule(
             "inference-samples-classification-only",
@@ -292,8 +303,7 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
         Rule(
             "launcher-immutable",
             "spec",
-            "has(self.launcher) == has(oldSelf.launcher) && (!has(self.launcher) || self.launcher == "
-            "oldSelf.launcher)",
+            "has(self.launcher) == has(oldSelf.launcher) && (!has(self.launcher) || self.launcher == oldSelf.launcher)",
             ".launcher",
             "spec.launcher is immutable; delete and recreate the job to change it",
             None,

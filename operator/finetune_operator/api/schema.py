@@ -84,13 +84,18 @@ def _quantities(description: str) -> Schema:
 TOLERATION = _o(
     "A toleration, as in a Pod.",
     {
-        "key": _s("Taint key (a label key); empty with operator Exists tolerates every taint.",
-                  maxLength=f.QUALIFIED_NAME_MAX),
+        "key": _s(
+            "Taint key (a label key); empty with operator Exists tolerates every taint.", maxLength=f.QUALIFIED_NAME_MAX
+        ),
         "operator": _s("Equal (the default) or Exists.", enum=["Equal", "Exists"]),
-        "value": _s("Taint value (a label value); empty with operator Exists.", maxLength=f.LABEL_VALUE_MAX,
-                    pattern=f.LABEL_VALUE),
-        "effect": _s("Taint effect to tolerate; empty: all effects.",
-                     enum=["", "NoSchedule", "PreferNoSchedule", "NoExecute"]),
+        "value": _s(
+            "Taint value (a label value); empty with operator Exists.",
+            maxLength=f.LABEL_VALUE_MAX,
+            pattern=f.LABEL_VALUE,
+        ),
+        "effect": _s(
+            "Taint effect to tolerate; empty: all effects.", enum=["", "NoSchedule", "PreferNoSchedule", "NoExecute"]
+        ),
         "tolerationSeconds": _i("How long a NoExecute taint is tolerated before eviction (effect NoExecute only)."),
     },
 )
@@ -128,10 +133,14 @@ HARDWARE = _o(
         "resources": _o(
             "Per-pod requests/limits that replace the derived ones (keys as in a container's resources).",
             {
-                "requests": _quantities("Resource requests, e.g. {cpu: '8', memory: 32Gi}. Derived requests "
-                                        "above a limit you set are lowered to it."),
-                "limits": _quantities("Resource limits. Device and hugepages resources (nvidia.com/gpu, "
-                                      "hugepages-2Mi) go here; their requests follow."),
+                "requests": _quantities(
+                    "Resource requests, e.g. {cpu: '8', memory: 32Gi}. Derived requests "
+                    "above a limit you set are lowered to it."
+                ),
+                "limits": _quantities(
+                    "Resource limits. Device and hugepages resources (nvidia.com/gpu, "
+                    "hugepages-2Mi) go here; their requests follow."
+                ),
             },
         ),
         "nodeSelector": {
@@ -179,9 +188,11 @@ DATASET = _o(
     "dataFiles (data files per split: hf://datasets/..., local paths, or other fsspec URLs), or path (a file or "
     "directory inside the image or on a mounted volume; jsonl, json, csv, parquet).",
     {
-        "name": _s("Hugging Face hub dataset, e.g. squad. Datasets that only ship a legacy loading script (e.g. "
-                   "mteb/amazon_reviews_multi) do not load by name with datasets 4 or newer: use dataFiles.",
-                   maxLength=256),
+        "name": _s(
+            "Hugging Face hub dataset, e.g. squad. Datasets that only ship a legacy loading script (e.g. "
+            "mteb/amazon_reviews_multi) do not load by name with datasets 4 or newer: use dataFiles.",
+            maxLength=256,
+        ),
         "config": _s("Dataset configuration of a hub dataset (with name), e.g. plain_text.", maxLength=128),
         "dataFiles": {
             "type": "object",
@@ -203,9 +214,11 @@ DATASET = _o(
             "which must then be the same for every split.",
             enum=list(DATA_FILE_FORMATS),
         ),
-        "path": _s("Local file or directory; relative paths are relative to the working directory. In a "
-                   "directory, each file's name up to the first '.' or '-' is its split (train.jsonl -> train).",
-                   maxLength=1024),
+        "path": _s(
+            "Local file or directory; relative paths are relative to the working directory. In a "
+            "directory, each file's name up to the first '.' or '-' is its split (train.jsonl -> train).",
+            maxLength=1024,
+        ),
         "trainSplit": _s("Split to train on.", maxLength=64, default="train"),
         "evalSplit": _s(
             "Split to evaluate on (the runtime's default: validation). When the dataset has no split of that name, "
@@ -232,12 +245,19 @@ DATASET = _o(
             "without it use promptColumn and responseColumn.",
             maxLength=128,
         ),
-        "promptColumn": _s("Instruction column (causal-lm), used with responseColumn when a row has no "
-                           "messagesColumn; rendered as one user turn. Default: prompt.", maxLength=128),
-        "responseColumn": _s("Answer column (causal-lm) for promptColumn; the loss covers it only. Default: "
-                             "response.", maxLength=128),
-        "trainSamples": _i("Train on this many rows, taken after label mapping from the split shuffled with "
-                           "training.seed (so files sorted by label still give every class).", minimum=1),
+        "promptColumn": _s(
+            "Instruction column (causal-lm), used with responseColumn when a row has no "
+            "messagesColumn; rendered as one user turn. Default: prompt.",
+            maxLength=128,
+        ),
+        "responseColumn": _s(
+            "Answer column (causal-lm) for promptColumn; the loss covers it only. Default: response.", maxLength=128
+        ),
+        "trainSamples": _i(
+            "Train on this many rows, taken after label mapping from the split shuffled with "
+            "training.seed (so files sorted by label still give every class).",
+            minimum=1,
+        ),
         "evalSamples": _i("Evaluate on this many rows, taken the same way from the evaluation split.", minimum=1),
     },
 )
@@ -286,18 +306,22 @@ TASK = _o(
             "AutoPeftModelForCausalLM); with merge, the merged full model also in model-merged/.",
             {
                 "r": _i("Rank of the update matrices.", minimum=1, maximum=1024, default=8),
-                "alpha": _i("Scaling numerator (lora_alpha): updates are scaled by alpha/r.", minimum=1,
-                            maximum=4096, default=16),
-                "dropout": _n("Dropout on the adapters' input.", minimum=0, maximum=1, exclusiveMaximum=True,
-                              default=0.05),
+                "alpha": _i(
+                    "Scaling numerator (lora_alpha): updates are scaled by alpha/r.",
+                    minimum=1,
+                    maximum=4096,
+                    default=16,
+                ),
+                "dropout": _n(
+                    "Dropout on the adapters' input.", minimum=0, maximum=1, exclusiveMaximum=True, default=0.05
+                ),
                 "targetModules": _strlist(
                     "Module names to adapt, e.g. [q_proj, k_proj, v_proj, o_proj]. Default: peft's choice for "
                     "the model type (q_proj and v_proj on Llama).",
                     64,
                     minItems=1,
                 ),
-                "merge": _b("Also save the base model with the adapters merged in (model-merged/).",
-                            default=False),
+                "merge": _b("Also save the base model with the adapters merged in (model-merged/).", default=False),
             },
         ),
     },
@@ -339,8 +363,11 @@ COMPILE_CACHE = _o(
     "cache. Use a claim per team (or per trust boundary) when jobs must not share compiled artifacts. Immutable "
     "after creation.",
     {
-        "claimName": _s("ReadWriteMany PersistentVolumeClaim mounted at /cache (EFS, FSx).",
-                        maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+        "claimName": _s(
+            "ReadWriteMany PersistentVolumeClaim mounted at /cache (EFS, FSx).",
+            maxLength=f.DNS_SUBDOMAIN_MAX,
+            pattern=f.DNS_SUBDOMAIN,
+        ),
         "url": _s(
             "Neuron compile cache URL (s3://bucket/prefix); used instead of /cache/neuron. Without claimName "
             "/cache is an emptyDir.",
@@ -360,20 +387,30 @@ OUTPUT = _o(
     "Where checkpoints, the final model, metrics and predictions go: a claim (and sub-path) or an S3 URL. "
     "Immutable after creation.",
     {
-        "claimName": _s("PersistentVolumeClaim mounted at /output (ReadWriteMany for multi-node).",
-                        maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
-        "path": _s("Directory under the claim. The job's pods mount only <path>/<namespace>/<job name> of the "
-                   "claim at /output (made by the kubelet when missing), so jobs sharing a claim cannot overwrite "
-                   "each other's checkpoints or models; a job re-created under the same name finds its "
-                   "predecessor's directory and resumes from its newest checkpoint. Without path: "
-                   "<namespace>/<job name>.", maxLength=1024, pattern=r"^[^/].*$"),
-        "url": _s("s3://bucket/prefix for the results. /output is then scratch space: each checkpoint is uploaded "
-                  "to <url>/checkpoints/ as soon as it is saved (the newest 3 are kept) and a restarted group "
-                  "resumes from the newest complete one there; the final model/, metrics.json and "
-                  "predictions.json go to <url>/. Pods need S3 credentials (e.g. IRSA or EKS Pod Identity) "
-                  "allowing ListBucket, GetObject, PutObject and DeleteObject; for an S3-compatible server set "
-                  "AWS_ENDPOINT_URL in spec.env.",
-                  maxLength=1024, pattern="^s3://.+"),
+        "claimName": _s(
+            "PersistentVolumeClaim mounted at /output (ReadWriteMany for multi-node).",
+            maxLength=f.DNS_SUBDOMAIN_MAX,
+            pattern=f.DNS_SUBDOMAIN,
+        ),
+        "path": _s(
+            "Directory under the claim. The job's pods mount only <path>/<namespace>/<job name> of the "
+            "claim at /output (made by the kubelet when missing), so jobs sharing a claim cannot overwrite "
+            "each other's checkpoints or models; a job re-created under the same name finds its "
+            "predecessor's directory and resumes from its newest checkpoint. Without path: "
+            "<namespace>/<job name>.",
+            maxLength=1024,
+            pattern=r"^[^/].*$",
+        ),
+        "url": _s(
+            "s3://bucket/prefix for the results. /output is then scratch space: each checkpoint is uploaded "
+            "to <url>/checkpoints/ as soon as it is saved (the newest 3 are kept) and a restarted group "
+            "resumes from the newest complete one there; the final model/, metrics.json and "
+            "predictions.json go to <url>/. Pods need S3 credentials (e.g. IRSA or EKS Pod Identity) "
+            "allowing ListBucket, GetObject, PutObject and DeleteObject; for an S3-compatible server set "
+            "AWS_ENDPOINT_URL in spec.env.",
+            maxLength=1024,
+            pattern="^s3://.+",
+        ),
     },
 )
 
@@ -411,6 +448,7 @@ RUN_POLICY = _o(
     default={},
 )
 
+
 def _key_ref(what: str) -> Schema:
     return _o(
         f"A key of a {what} in the job's namespace.",
@@ -427,8 +465,9 @@ ENV_VAR = _o(
     "A container environment variable (as in a Pod): a value, or valueFrom with exactly one source. May not set "
     "a variable the operator sets (the FTJOB_* contract, MASTER_ADDR, thread and profile variables).",
     {
-        "name": _s("Variable name: printable ASCII except '='.", minLength=1, maxLength=f.ENV_NAME_MAX,
-                   pattern=f.ENV_NAME),
+        "name": _s(
+            "Variable name: printable ASCII except '='.", minLength=1, maxLength=f.ENV_NAME_MAX, pattern=f.ENV_NAME
+        ),
         "value": _s("The value (a string: quote numbers and booleans in YAML).", maxLength=32768),
         "valueFrom": _o(
             "Where the value comes from (exactly one source).",
@@ -437,18 +476,23 @@ ENV_VAR = _o(
                     "A field of the pod (downward API).",
                     {
                         "apiVersion": _s("API version of fieldPath.", enum=["v1"]),
-                        "fieldPath": _s("e.g. metadata.name, status.podIP, metadata.labels['key'].",
-                                        minLength=1, maxLength=512),
+                        "fieldPath": _s(
+                            "e.g. metadata.name, status.podIP, metadata.labels['key'].", minLength=1, maxLength=512
+                        ),
                     },
                     required=["fieldPath"],
                 ),
                 "resourceFieldRef": _o(
                     "A resource of the container, e.g. limits.cpu.",
                     {
-                        "resource": _s("limits.cpu, limits.memory, limits.ephemeral-storage, requests.cpu, "
-                                       "requests.memory or requests.ephemeral-storage.", maxLength=64),
-                        "divisor": _s("Unit of the value (a positive quantity), e.g. 1Mi.",
-                                      maxLength=f.QUANTITY_MAX_LENGTH),
+                        "resource": _s(
+                            "limits.cpu, limits.memory, limits.ephemeral-storage, requests.cpu, "
+                            "requests.memory or requests.ephemeral-storage.",
+                            maxLength=64,
+                        ),
+                        "divisor": _s(
+                            "Unit of the value (a positive quantity), e.g. 1Mi.", maxLength=f.QUANTITY_MAX_LENGTH
+                        ),
                     },
                     required=["resource"],
                 ),
@@ -466,14 +510,18 @@ ENV_FROM = _o(
         "prefix": _s("Prepended to every key.", maxLength=f.ENV_NAME_MAX, pattern=f.ENV_NAME),
         "configMapRef": _o(
             "A ConfigMap in the job's namespace.",
-            {"name": _s("ConfigMap name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
-             "optional": _b("Whether the ConfigMap may be missing.")},
+            {
+                "name": _s("ConfigMap name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+                "optional": _b("Whether the ConfigMap may be missing."),
+            },
             required=["name"],
         ),
         "secretRef": _o(
             "A Secret in the job's namespace.",
-            {"name": _s("Secret name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
-             "optional": _b("Whether the Secret may be missing.")},
+            {
+                "name": _s("Secret name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+                "optional": _b("Whether the Secret may be missing."),
+            },
             required=["name"],
         ),
     },
@@ -481,8 +529,10 @@ ENV_FROM = _o(
 
 SECRET_KEY_REF = _o(
     "Secret key holding a Hugging Face token (exported as HF_TOKEN) for gated models and datasets.",
-    {"name": _s("Secret name.", maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
-     "key": _s("Key in the Secret.", maxLength=f.CONFIG_KEY_MAX, pattern=f.CONFIG_KEY, default="token")},
+    {
+        "name": _s("Secret name.", maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+        "key": _s("Key in the Secret.", maxLength=f.CONFIG_KEY_MAX, pattern=f.CONFIG_KEY, default="token"),
+    },
     required=["name"],
 )
 
@@ -497,11 +547,15 @@ SPEC = _o(
             enum=list(LAUNCHERS),
         ),
         "mpi": MPI,
-        "image": _s("Container image; default per profile from the operator's configuration.", maxLength=1024,
-                    pattern=f.IMAGE),
+        "image": _s(
+            "Container image; default per profile from the operator's configuration.", maxLength=1024, pattern=f.IMAGE
+        ),
         "imagePullPolicy": _s("Image pull policy.", enum=["Always", "IfNotPresent", "Never"]),
-        "serviceAccountName": _s("Service account for the pods (e.g. one with IRSA for S3): a DNS subdomain.",
-                                 maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN),
+        "serviceAccountName": _s(
+            "Service account for the pods (e.g. one with IRSA for S3): a DNS subdomain.",
+            maxLength=f.DNS_SUBDOMAIN_MAX,
+            pattern=f.DNS_SUBDOMAIN,
+        ),
         "task": TASK,
         "command": _strlist(
             "Bring-your-own command run in every rank pod (torchrun) or by mpirun (mpi) instead of the built-in "
@@ -536,8 +590,10 @@ SPEC = _o(
 CONDITION = _o(
     "A condition of the job.",
     {
-        "type": _s("Queued, Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed, ReconcileError, "
-                   "ForeignChildren (objects carry the job's labels but are not controlled by it)."),
+        "type": _s(
+            "Queued, Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed, ReconcileError, "
+            "ForeignChildren (objects carry the job's labels but are not controlled by it)."
+        ),
         "status": _s("True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _s("One-word reason."),
         "message": _s("Human-readable detail."),
@@ -559,12 +615,15 @@ STATUS = _o(
             {"ready": _i("Pods running or done."), "total": _i("Pods that hold ranks.")},
         ),
         "worldSize": _i("Training processes in total."),
-        "startTime": _s("When the pods were first created (activeDeadlineSeconds counts from here).",
-                        format="date-time"),
+        "startTime": _s(
+            "When the pods were first created (activeDeadlineSeconds counts from here).", format="date-time"
+        ),
         "completionTime": _s("When the job finished.", format="date-time"),
         "observedGeneration": _i("Generation of the spec last reconciled."),
-        "progress": _free("Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
-                          "etaSeconds, metrics, summary."),
+        "progress": _free(
+            "Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
+            "etaSeconds, metrics, summary."
+        ),
         "compileCache": _o(
             "What the precompile trial (compileCache.precompile) of the latest attempt found in the compile cache, "
             "as rank 0 reported it. warm: the trial compiled nothing new (torch.compile: every graph came from the "
@@ -608,8 +667,10 @@ STATUS = _o(
                     "pod": _s("Pod name."),
                     "rank": _i("Pod index."),
                     "exitCode": _i("Exit code of the failed container."),
-                    "reason": _s("Container reason, e.g. Error or OOMKilled; Evicted for a pod the kubelet evicted; "
-                                 "Deleted for a running pod deleted by someone else."),
+                    "reason": _s(
+                        "Container reason, e.g. Error or OOMKilled; Evicted for a pod the kubelet evicted; "
+                        "Deleted for a running pod deleted by someone else."
+                    ),
                     "logTail": _s("Last log lines of the failed container."),
                 },
             ),

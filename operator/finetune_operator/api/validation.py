@@ -145,8 +145,12 @@ def _object(schema: Schema, value: dict[str, Any], path: str, errors: list[Field
         if req not in value:
             errors.append(FieldError(f"{path}.{req}", "required field is missing"))
     if "minProperties" in schema and len(value) < schema["minProperties"]:
-        errors.append(FieldError(path, f"must have at least {schema['minProperties']} entr"
-                                       f"{'y' if schema['minProperties'] == 1 else 'ies'}"))
+        errors.append(
+            FieldError(
+                path,
+                f"must have at least {schema['minProperties']} entr{'y' if schema['minProperties'] == 1 else 'ies'}",
+            )
+        )
     if "maxProperties" in schema and len(value) > schema["maxProperties"]:
         errors.append(FieldError(path, f"must have at most {schema['maxProperties']} entries"))
     extra = schema.get("additionalProperties")

@@ -15,8 +15,7 @@ from .names import Names
 from .objects import SshKeys, config_map, network_policy, owner_reference, service, ssh_secret
 from .pods import mpi_pods, torchrun_pods
 
-__all__ = ["Children", "Layout", "Names", "Placement", "SshKeys", "desired", "image_for", "owner_reference",
-           "resolve"]  # fmt: skip
+__all__ = ["Children", "Layout", "Names", "Placement", "SshKeys", "desired", "image_for", "owner_reference", "resolve"]
 
 
 @dataclass(frozen=True)

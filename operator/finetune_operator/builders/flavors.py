@@ -55,8 +55,11 @@ def placements(admission: Mapping[str, Any], flavors: Mapping[str, Mapping[str, 
 
 def conflicts(node_selector: Mapping[str, str], placement: Placement) -> list[tuple[str, str, str]]:
     """(key, the pod's value, the flavor's value) for each node-selector key both set to different values."""
-    return [(k, node_selector[k], v) for k, v in sorted(placement.node_labels.items())
-            if k in node_selector and node_selector[k] != v]  # fmt: skip
+    return [
+        (k, node_selector[k], v)
+        for k, v in sorted(placement.node_labels.items())
+        if k in node_selector and node_selector[k] != v
+    ]
 
 
 def place(scheduling: dict[str, Any], placement: Placement | None) -> dict[str, Any]:

@@ -105,8 +105,12 @@ def resolve(job: dict[str, Any]) -> Layout:
     requests.update({k: str(v) for k, v in (user.get("requests") or {}).items()})
     limits.update({k: str(v) for k, v in (user.get("limits") or {}).items()})
     for k in ("cpu", "memory"):  # a derived request never exceeds the user's limit (the pod would be refused)
-        if k in limits and k in requests and k not in (user.get("requests") or {}) and \
-                parse_quantity(requests[k]) > parse_quantity(limits[k]):
+        if (
+            k in limits
+            and k in requests
+            and k not in (user.get("requests") or {})
+            and parse_quantity(requests[k]) > parse_quantity(limits[k])
+        ):
             requests[k] = limits[k]
     if p.guaranteed_qos:
         # Guaranteed QoS: limits equal requests for cpu and memory.

@@ -49,8 +49,16 @@ def _volumes(job: dict[str, Any], layout: Layout, names: Names, role: str) -> tu
             mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR})
     if layout.launcher == "mpi":
         keys = c.SSH_LAUNCHER_KEYS if role == c.ROLE_LAUNCHER else c.SSH_WORKER_KEYS
-        vols.append({"name": "ssh", "secret": {"secretName": names.ssh_secret, "defaultMode": 0o400,
-                                               "items": [{"key": k, "path": k} for k in keys]}})
+        vols.append(
+            {
+                "name": "ssh",
+                "secret": {
+                    "secretName": names.ssh_secret,
+                    "defaultMode": 0o400,
+                    "items": [{"key": k, "path": k} for k in keys],
+                },
+            }
+        )
         mounts.append({"name": "ssh", "mountPath": c.SSH_DIR, "readOnly": True})
     return vols, mounts
 
@@ -168,8 +176,9 @@ def _placed(job: dict[str, Any], layout: Layout, role: str, placements: Placemen
     return place(scheduling(job, layout, role), (placements or {}).get(role))
 
 
-def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, attempt: int,
-                  placements: Placements = None) -> list[Any]:  # fmt: skip
+def torchrun_pods(
+    job: dict[str, Any], layout: Layout, names: Names, image: str, attempt: int, placements: Placements = None
+) -> list[Any]:
     spec = job["spec"]
     precompile = bool((spec.get("compileCache") or {}).get("precompile"))
     command = spec.get("command") or [c.RUNTIME_CMD, "launch"]
@@ -184,8 +193,14 @@ def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str,
             init.append(
                 {
                     "name": c.INIT_WAIT,
-                    "command": [c.RUNTIME_CMD, "wait-for", "--dns", names.master_addr, "--timeout",
-                                str(WAIT_TIMEOUT_S)],
+                    "command": [
+                        c.RUNTIME_CMD,
+                        "wait-for",
+                        "--dns",
+                        names.master_addr,
+                        "--timeout",
+                        str(WAIT_TIMEOUT_S),
+                    ],
                     "env": env,
                     "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
                 }
@@ -208,15 +223,25 @@ def torchrun_pods(job: dict[str, Any], layout: Layout, names: Names, image: str,
         }
         pods.append(
             _pod(
-                job, layout, names, name=names.rank_pod(i), role=c.ROLE_RANK, rank=i, attempt=attempt, image=image,
-                containers=[trainer], init_containers=init, scheduling=_placed(job, layout, c.ROLE_RANK, placements),
+                job,
+                layout,
+                names,
+                name=names.rank_pod(i),
+                role=c.ROLE_RANK,
+                rank=i,
+                attempt=attempt,
+                image=image,
+                containers=[trainer],
+                init_containers=init,
+                scheduling=_placed(job, layout, c.ROLE_RANK, placements),
             )
         )
     return pods
 
 
-def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, attempt: int,
-             placements: Placements = None) -> list[Any]:  # fmt: skip
+def mpi_pods(
+    job: dict[str, Any], layout: Layout, names: Names, image: str, attempt: int, placements: Placements = None
+) -> list[Any]:
     spec = job["spec"]
     env = container_env(job, layout, names)
     pods = []
@@ -231,8 +256,16 @@ def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, atte
         }
         pods.append(
             _pod(
-                job, layout, names, name=names.rank_pod(i), role=c.ROLE_WORKER, rank=i, attempt=attempt,
-                image=image, containers=[sshd], init_containers=[],
+                job,
+                layout,
+                names,
+                name=names.rank_pod(i),
+                role=c.ROLE_WORKER,
+                rank=i,
+                attempt=attempt,
+                image=image,
+                containers=[sshd],
+                init_containers=[],
                 scheduling=_placed(job, layout, c.ROLE_WORKER, placements),
             )
         )
@@ -270,8 +303,16 @@ def mpi_pods(job: dict[str, Any], layout: Layout, names: Names, image: str, atte
     }
     pods.append(
         _pod(
-            job, layout, names, name=names.launcher, role=c.ROLE_LAUNCHER, rank=None, attempt=attempt, image=image,
-            containers=[launcher], init_containers=init,
+            job,
+            layout,
+            names,
+            name=names.launcher,
+            role=c.ROLE_LAUNCHER,
+            rank=None,
+            attempt=attempt,
+            image=image,
+            containers=[launcher],
+            init_containers=init,
             scheduling=_placed(job, layout, c.ROLE_LAUNCHER, placements),
         )
     )

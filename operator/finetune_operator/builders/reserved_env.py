@@ -40,8 +40,12 @@ def _shapes(profile: str) -> list[dict[str, Any]]:
             spec["training"] = {"precision": "bf16"}
             spec["compileCache"] = {"precompile": True}
             spec["output"] = {"url": "s3://b/p"}
-        job = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob",
-               "metadata": {"name": "j", "namespace": "n", "uid": "u"}, "spec": spec}
+        job = {
+            "apiVersion": "finetune.dev/v1alpha1",
+            "kind": "FineTuneJob",
+            "metadata": {"name": "j", "namespace": "n", "uid": "u"},
+            "spec": spec,
+        }
         jobs.append(apply_defaults(openapi_schema(), job))
     return jobs
 
@@ -74,8 +78,10 @@ def reserved_env_rule() -> Rule:
         reserved = set(table.get(spec.get("hardware", {}).get("profile", ""), ()))
         if spec.get("hfTokenSecretRef") is not None:
             reserved.add("HF_TOKEN")
-        return not any(str(e.get("name", "")).startswith(RESERVED_PREFIX) or e.get("name") in reserved
-                       for e in spec.get("env") or [])
+        return not any(
+            str(e.get("name", "")).startswith(RESERVED_PREFIX) or e.get("name") in reserved
+            for e in spec.get("env") or []
+        )
 
     return Rule(
         "env-not-reserved",

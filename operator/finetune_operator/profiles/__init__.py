@@ -172,9 +172,7 @@ def profile_rules() -> list[Rule]:
     """Rules generated from the profile data, so a new instance type needs no code change."""
     profiles = load_all()
     by_profile = {p.name: sorted(p.instance_types) for p in profiles.values()}
-    max_procs = {
-        f"{p.name}/{i.name}": p.max_procs(i) for p in profiles.values() for i in p.instance_types.values()
-    }
+    max_procs = {f"{p.name}/{i.name}": p.max_procs(i) for p in profiles.values() for i in p.instance_types.values()}
     placeable = {
         f"{p.name}/{i.name}": p.placeable_procs(i)
         for p in profiles.values()
@@ -219,9 +217,9 @@ def profile_rules() -> list[Rule]:
             ".procsPerNode",
             "spec.hardware.procsPerNode exceeds what one node of spec.hardware.instanceType holds (NeuronCores, "
             "GPUs or cores); lower it or pick a larger instance type",
-            lambda h: "procsPerNode" not in h
-            or (itype(h) not in max_procs)
-            or h["procsPerNode"] <= max_procs[str(itype(h))],
+            lambda h: (
+                "procsPerNode" not in h or (itype(h) not in max_procs) or h["procsPerNode"] <= max_procs[str(itype(h))]
+            ),
         ),
         Rule(
             "neuron-placeable",
@@ -231,9 +229,9 @@ def profile_rules() -> list[Rule]:
             ".procsPerNode",
             "the Neuron scheduler places only 1, 4, 8 or 16 trn1 devices per pod (or 1-2 NeuronCores of one device);"
             " set spec.hardware.procsPerNode to 1, 2, 8, 16 or 32",
-            lambda h: "procsPerNode" not in h
-            or itype(h) not in placeable
-            or h["procsPerNode"] in placeable[str(itype(h))],
+            lambda h: (
+                "procsPerNode" not in h or itype(h) not in placeable or h["procsPerNode"] in placeable[str(itype(h))]
+            ),
         ),
         Rule(
             "multi-node-needs-efa",

@@ -24,8 +24,13 @@ def module_name(task_type: str) -> str:
 
 def task_types() -> tuple[str, ...]:
     """Every task type, from the module names (no imports)."""
-    return tuple(sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(__path__)
-                        if m.name not in _NOT_TASKS and not m.name.startswith("_")))
+    return tuple(
+        sorted(
+            m.name.replace("_", "-")
+            for m in pkgutil.iter_modules(__path__)
+            if m.name not in _NOT_TASKS and not m.name.startswith("_")
+        )
+    )
 
 
 @cache

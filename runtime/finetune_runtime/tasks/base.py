@@ -19,8 +19,17 @@ log = logging.getLogger("finetune_runtime")
 # must offer exactly the union (tests/unit/test_task_schema_drift.py).
 COMMON_TASK_OPTIONS = ("type", "model", "tokenizer", "dataset", "maxLength", "inferenceSamples")
 # spec.task.dataset keys data.py reads for every task (loading, splits, sampling).
-COMMON_DATASET_OPTIONS = ("name", "config", "dataFiles", "format", "path", "trainSplit", "evalSplit",
-                          "trainSamples", "evalSamples")
+COMMON_DATASET_OPTIONS = (
+    "name",
+    "config",
+    "dataFiles",
+    "format",
+    "path",
+    "trainSplit",
+    "evalSplit",
+    "trainSamples",
+    "evalSamples",
+)
 
 
 class TaskPlugin(Protocol):
@@ -55,12 +64,18 @@ class TaskPlugin(Protocol):
 
 
 def has_weights(model_dir: Path) -> bool:
-    return any((model_dir / n).exists() for n in ("model.safetensors", "pytorch_model.bin",
-                                                 "model.safetensors.index.json", "pytorch_model.bin.index.json"))
+    return any(
+        (model_dir / n).exists()
+        for n in (
+            "model.safetensors",
+            "pytorch_model.bin",
+            "model.safetensors.index.json",
+            "pytorch_model.bin.index.json",
+        )
+    )
 
 
-def load_auto_model(auto_cls: Any, task: TaskConfig, tokenizer: Any, weights_from: Path | None,
-                    **kwargs: Any) -> Any:
+def load_auto_model(auto_cls: Any, task: TaskConfig, tokenizer: Any, weights_from: Path | None, **kwargs: Any) -> Any:
     """`auto_cls` from a checkpoint, from task.model, or from a config-only directory (random weights: the
     tiny models under examples/ ship a config and a tokenizer only)."""
     from transformers import AutoConfig
@@ -69,8 +84,7 @@ def load_auto_model(auto_cls: Any, task: TaskConfig, tokenizer: Any, weights_fro
     if weights_from is not None:
         model = auto_cls.from_pretrained(str(weights_from), **kwargs)
     elif local.is_dir() and (local / "config.json").exists() and not has_weights(local):
-        log.info("%s has a config but no weights: initialising the model from its config (random weights)",
-                 task.model)
+        log.info("%s has a config but no weights: initialising the model from its config (random weights)", task.model)
         model = auto_cls.from_config(AutoConfig.from_pretrained(task.model, **kwargs))
     else:
         model = auto_cls.from_pretrained(task.model, **kwargs)

@@ -24,19 +24,25 @@ class QATrainer(Trainer):
         self.context_column = context_column
         self.answers_column = answers_column
 
-    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None,
-                 metric_key_prefix: str = "eval") -> dict[str, float]:
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
         features: Any = eval_dataset if eval_dataset is not None else self.eval_dataset
         loader = self.get_eval_dataloader(features)
         start = time.monotonic()
-        out = self.evaluation_loop(loader, description="Evaluation", prediction_loss_only=False,
-                                   ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+        out = self.evaluation_loop(
+            loader,
+            description="Evaluation",
+            prediction_loss_only=False,
+            ignore_keys=ignore_keys,
+            metric_key_prefix=metric_key_prefix,
+        )
         predictions: Any = out.predictions
         start_logits, end_logits = predictions[0], predictions[1]
-        preds = squad.postprocess_predictions(self.eval_examples, features, start_logits, end_logits,
-                                              self.context_column)
-        refs: dict[str, Sequence[str]] = {ex["id"]: list(ex[self.answers_column]["text"])
-                                          for ex in self.eval_examples}
+        preds = squad.postprocess_predictions(
+            self.eval_examples, features, start_logits, end_logits, self.context_column
+        )
+        refs: dict[str, Sequence[str]] = {ex["id"]: list(ex[self.answers_column]["text"]) for ex in self.eval_examples}
         metrics = {f"{metric_key_prefix}_{k}": v for k, v in squad.squad_metrics(preds, refs).items()}
         metrics[f"{metric_key_prefix}_runtime"] = round(time.monotonic() - start, 4)
         self.log(metrics)
@@ -53,8 +59,12 @@ def predict_qa(model_dir: Path, samples: list[dict[str, Any]], max_length: int, 
     if "question-answering" in SUPPORTED_TASKS:
         from transformers import pipeline
 
-        qa: Any = pipeline("question-answering",  # type: ignore[call-overload,unused-ignore]
-                           model=str(model_dir), tokenizer=tokenizer, device="cpu")
+        qa: Any = pipeline(
+            "question-answering",  # type: ignore[call-overload,unused-ignore]
+            model=str(model_dir),
+            tokenizer=tokenizer,
+            device="cpu",
+        )
         out = []
         for s in samples:
             r = qa(question=s["question"], context=s["context"], max_seq_len=max_length, doc_stride=doc_stride)
@@ -69,12 +79,17 @@ def predict_qa(model_dir: Path, samples: list[dict[str, Any]], max_length: int, 
     names = [n for n in tokenizer.model_input_names if n in feats]
     with torch.no_grad():
         res = model(**{n: torch.tensor(feats[n]) for n in names})
-    features = [{"example_id": feats["example_id"][i], "offset_mapping": feats["offset_mapping"][i]}
-                for i in range(len(feats["input_ids"]))]
-    answers = squad.postprocess_predictions(examples, features, res.start_logits.numpy(),
-                                            res.end_logits.numpy(), "context")
-    return {"method": "runtime-postprocessing (transformers has no question-answering pipeline)",
-            "predictions": [{**s, "answer": answers[str(i)]} for i, s in enumerate(samples)]}
+    features = [
+        {"example_id": feats["example_id"][i], "offset_mapping": feats["offset_mapping"][i]}
+        for i in range(len(feats["input_ids"]))
+    ]
+    answers = squad.postprocess_predictions(
+        examples, features, res.start_logits.numpy(), res.end_logits.numpy(), "context"
+    )
+    return {
+        "method": "runtime-postprocessing (transformers has no question-answering pipeline)",
+        "predictions": [{**s, "answer": answers[str(i)]} for i, s in enumerate(samples)],
+    }
 
 
 class QuestionAnswering:
@@ -97,23 +112,36 @@ class QuestionAnswering:
             ev = ev.add_column("id", [str(i) for i in range(len(ev))])
         cols = (ds.question_column, ds.context_column)
         train_f = train.map(
-            lambda b: squad.prepare_train_features(b, tokenizer, task.max_length, task.doc_stride, *cols,
-                                                   ds.answers_column),
-            batched=True, remove_columns=train.column_names)
+            lambda b: squad.prepare_train_features(
+                b, tokenizer, task.max_length, task.doc_stride, *cols, ds.answers_column
+            ),
+            batched=True,
+            remove_columns=train.column_names,
+        )
         eval_f = ev.map(
             lambda b: squad.prepare_eval_features(b, tokenizer, task.max_length, task.doc_stride, *cols),
-            batched=True, remove_columns=ev.column_names)
+            batched=True,
+            remove_columns=ev.column_names,
+        )
         keep = ["id", ds.question_column, ds.context_column, ds.answers_column]
-        return datasets.DatasetDict({"train": train_f, "validation": eval_f,
-                                     "validation_examples": ev.remove_columns(
-                                         [c for c in ev.column_names if c not in keep])})
+        return datasets.DatasetDict(
+            {
+                "train": train_f,
+                "validation": eval_f,
+                "validation_examples": ev.remove_columns([c for c in ev.column_names if c not in keep]),
+            }
+        )
 
     def build_model(self, task: TaskConfig, tokenizer: Any, weights_from: Path | None) -> Any:
         return load_auto_model(AutoModelForQuestionAnswering, task, tokenizer, weights_from)
 
     def trainer(self, task: TaskConfig, dsets: Any, tokenizer: Any, common: dict[str, Any]) -> Any:
-        return QATrainer(eval_examples=dsets["validation_examples"], context_column=task.dataset.context_column,
-                         answers_column=task.dataset.answers_column, **common)
+        return QATrainer(
+            eval_examples=dsets["validation_examples"],
+            context_column=task.dataset.context_column,
+            answers_column=task.dataset.answers_column,
+            **common,
+        )
 
     def save(self, trainer: Any, tokenizer: Any, model_dir: Path, task: TaskConfig) -> None:
         save_full_model(trainer, tokenizer, model_dir)
@@ -121,8 +149,11 @@ class QuestionAnswering:
     def predictions(self, model_dir: Path, task: TaskConfig, dsets: Any) -> dict[str, Any]:
         ds, vex = task.dataset, dsets["validation_examples"]
         samples: list[Any] = list(task.inference_questions or []) or [
-            {"question": ex[ds.question_column], "context": ex[ds.context_column],
-             "gold": list(ex[ds.answers_column]["text"])}
+            {
+                "question": ex[ds.question_column],
+                "context": ex[ds.context_column],
+                "gold": list(ex[ds.answers_column]["text"]),
+            }
             for ex in vex.select(range(min(3, len(vex))))
         ]
         return predict_qa(model_dir, samples, task.max_length, task.doc_stride)

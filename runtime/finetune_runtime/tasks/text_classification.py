@@ -15,12 +15,16 @@ from finetune_runtime.tasks.base import load_auto_model, save_full_model
 from finetune_runtime.tokenization import load_tokenizer
 
 DEFAULT_SAMPLES = {
-    "ja": ["この商品はとても使いやすく、買って本当に良かったです。",
-           "一週間で壊れてしまいました。最悪です。二度と買いません。",
-           "値段の割に品質が良く、家族にも好評で満足しています。"],
-    "en": ["Works perfectly and arrived early, I love it.",
-           "Broke after two days. A complete waste of money.",
-           "Good quality for the price, I would buy it again."],
+    "ja": [
+        "この商品はとても使いやすく、買って本当に良かったです。",
+        "一週間で壊れてしまいました。最悪です。二度と買いません。",
+        "値段の割に品質が良く、家族にも好評で満足しています。",
+    ],
+    "en": [
+        "Works perfectly and arrived early, I love it.",
+        "Broke after two days. A complete waste of money.",
+        "Good quality for the price, I would buy it again.",
+    ],
 }
 
 
@@ -112,26 +116,41 @@ class TextClassification:
 
         def tok(batch: dict[str, list[Any]]) -> Any:
             pair = batch[ds.text_pair_column] if ds.text_pair_column else None
-            return tokenizer(batch[ds.text_column], pair, truncation=True, max_length=task.max_length,
-                             padding="max_length" if pad_to_max else False)
+            return tokenizer(
+                batch[ds.text_column],
+                pair,
+                truncation=True,
+                max_length=task.max_length,
+                padding="max_length" if pad_to_max else False,
+            )
 
         text_cols = [c for c in (ds.text_column, ds.text_pair_column) if c]
-        return datasets.DatasetDict({
-            "train": train.map(tok, batched=True, remove_columns=text_cols),
-            "validation": ev.map(tok, batched=True, remove_columns=text_cols),
-            # the texts are kept for the language guess of the default inference samples
-            "validation_text": ev.remove_columns([c for c in ev.column_names if c != ds.text_column]),
-        })
+        return datasets.DatasetDict(
+            {
+                "train": train.map(tok, batched=True, remove_columns=text_cols),
+                "validation": ev.map(tok, batched=True, remove_columns=text_cols),
+                # the texts are kept for the language guess of the default inference samples
+                "validation_text": ev.remove_columns([c for c in ev.column_names if c != ds.text_column]),
+            }
+        )
 
     def build_model(self, task: TaskConfig, tokenizer: Any, weights_from: Path | None) -> Any:
         names = label_names(task)
-        return load_auto_model(AutoModelForSequenceClassification, task, tokenizer, weights_from,
-                               num_labels=len(names), id2label=dict(enumerate(names)),
-                               label2id={n: i for i, n in enumerate(names)})
+        return load_auto_model(
+            AutoModelForSequenceClassification,
+            task,
+            tokenizer,
+            weights_from,
+            num_labels=len(names),
+            id2label=dict(enumerate(names)),
+            label2id={n: i for i, n in enumerate(names)},
+        )
 
     def trainer(self, task: TaskConfig, dsets: Any, tokenizer: Any, common: dict[str, Any]) -> Any:
-        return Trainer(compute_metrics=lambda p: classification_metrics(np.asarray(p.predictions),
-                                                                        np.asarray(p.label_ids)), **common)
+        return Trainer(
+            compute_metrics=lambda p: classification_metrics(np.asarray(p.predictions), np.asarray(p.label_ids)),
+            **common,
+        )
 
     def save(self, trainer: Any, tokenizer: Any, model_dir: Path, task: TaskConfig) -> None:
         save_full_model(trainer, tokenizer, model_dir)
@@ -141,12 +160,20 @@ class TextClassification:
 
         lang = detect_language(list(dsets["validation_text"][task.dataset.text_column]))
         samples = task.inference_samples or DEFAULT_SAMPLES[lang]
-        clf = pipeline("text-classification", model=str(model_dir),  # type: ignore[call-overload,unused-ignore]
-                       tokenizer=load_tokenizer(str(model_dir)), device="cpu")
+        clf = pipeline(
+            "text-classification",
+            model=str(model_dir),  # type: ignore[call-overload,unused-ignore]
+            tokenizer=load_tokenizer(str(model_dir)),
+            device="cpu",
+        )
         results = clf(samples)
-        return {"method": "pipeline:text-classification",
-                "predictions": [{"text": s, "label": r["label"], "score": round(float(r["score"]), 6)}
-                                for s, r in zip(samples, results, strict=True)]}
+        return {
+            "method": "pipeline:text-classification",
+            "predictions": [
+                {"text": s, "label": r["label"], "score": round(float(r["score"]), 6)}
+                for s, r in zip(samples, results, strict=True)
+            ],
+        }
 
 
 PLUGIN = TextClassification()

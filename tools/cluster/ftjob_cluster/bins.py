@@ -125,6 +125,7 @@ def _group_of(name: str) -> GoBuild | None:
 # Path inside layer.zip for each binary the wheel provides.
 WHEEL_MEMBERS: dict[str, str] = {"kubectl": "kubectl/kubectl", "helm": "helm/helm"}
 
+
 @dataclass(frozen=True)
 class ModuleTool:
     """One binary built from a published Go module pinned by a module of its own under tools/cluster/<dir>
@@ -163,11 +164,16 @@ def _kueue_ldflags() -> str:
 
 
 MODULE_TOOLS: dict[str, ModuleTool] = {
-    "kueue": ModuleTool("kueue", KUEUE_VERSION, "sigs.k8s.io/kueue", KUEUE_PACKAGE, KUEUE_MODULE_DIR,
-                        _kueue_ldflags()),
-    "training-operator": ModuleTool("training-operator", PEER_VERSION, PEER_MODULE,
-                                    f"{PEER_MODULE}/cmd/training-operator.v1", _TOOLS_DIR / "peer", "-s -w"),
-}  # fmt: skip
+    "kueue": ModuleTool("kueue", KUEUE_VERSION, "sigs.k8s.io/kueue", KUEUE_PACKAGE, KUEUE_MODULE_DIR, _kueue_ldflags()),
+    "training-operator": ModuleTool(
+        "training-operator",
+        PEER_VERSION,
+        PEER_MODULE,
+        f"{PEER_MODULE}/cmd/training-operator.v1",
+        _TOOLS_DIR / "peer",
+        "-s -w",
+    ),
+}
 
 
 def tool_names() -> list[str]:
@@ -316,8 +322,17 @@ def build_module_tool(name: str, force: bool = False) -> BuildResult | None:
             tempfile.TemporaryDirectory(dir=out.parent, prefix=".gocache-") as tmp_cache,
         ):
             env["GOCACHE"] = keep_cache or tmp_cache
-            cmd = [go, "build", "-p", jobs, "-trimpath", f"-ldflags={tool.ldflags}", "-o", f"{tmp}/{name}",
-                   tool.package]  # fmt: skip
+            cmd = [
+                go,
+                "build",
+                "-p",
+                jobs,
+                "-trimpath",
+                f"-ldflags={tool.ldflags}",
+                "-o",
+                f"{tmp}/{name}",
+                tool.package,
+            ]
             subprocess.run(cmd, cwd=tool.directory, env=env, check=True)
             os.replace(Path(tmp) / name, out / name)
         (out / ".go-build-stamp").write_text(_tool_digest(tool) + "\n")
@@ -336,12 +351,20 @@ def module_dir(name: str) -> Path:
     CRDs and manifests are those of the exact version the binary is built from."""
     tool = MODULE_TOOLS[name]
     env = {**os.environ, "GOFLAGS": "-mod=mod"}
-    out = subprocess.run(["go", "list", "-m", "-json", tool.module], cwd=tool.directory, env=env,
-                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["go", "list", "-m", "-json", tool.module],
+        cwd=tool.directory,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     info = json.loads(out)
     if info.get("Version") != tool.version:
-        raise RuntimeError(f"tools/cluster/{tool.directory.name}/go.mod requires {tool.module} "
-                           f"{info.get('Version')}, expected {tool.version}")  # fmt: skip
+        raise RuntimeError(
+            f"tools/cluster/{tool.directory.name}/go.mod requires {tool.module} "
+            f"{info.get('Version')}, expected {tool.version}"
+        )
     if not info.get("Dir"):
         subprocess.run(["go", "mod", "download", tool.module], cwd=tool.directory, env=env, check=True)
         return module_dir(name)

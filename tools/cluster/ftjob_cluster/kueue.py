@@ -46,8 +46,9 @@ def webhook_configurations(url: str, ca_bundle: bytes) -> list[dict[str, object]
             path = w["clientConfig"]["service"]["path"]
             w["clientConfig"] = {"url": url + path, "caBundle": base64.b64encode(ca_bundle).decode()}
         name = "ftjob-kueue-" + ("mutating" if doc["kind"].startswith("Mutating") else "validating")
-        out.append({"apiVersion": doc["apiVersion"], "kind": doc["kind"], "metadata": {"name": name},
-                    "webhooks": hooks})  # fmt: skip
+        out.append(
+            {"apiVersion": doc["apiVersion"], "kind": doc["kind"], "metadata": {"name": name}, "webhooks": hooks}
+        )
     return out
 
 
@@ -96,12 +97,23 @@ class KueueProcess:
         config_path = self.directory / "kueue-config.yaml"
         config_path.write_text(json.dumps(config, indent=2) + "\n")
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        kueue = [str(binary), f"--config={config_path}", "--feature-gates=VisibilityOnDemand=false",
-                 "--zap-log-level=2"]  # fmt: skip
+        kueue = [
+            str(binary),
+            f"--config={config_path}",
+            "--feature-gates=VisibilityOnDemand=false",
+            "--zap-log-level=2",
+        ]
         cmd = self._with_metrics_certs(kueue, certs)
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            env=env, start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+            self.process = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         self._wait_ready(f"http://127.0.0.1:{health}/readyz", timeout)
         hooks = webhook_configurations(f"https://127.0.0.1:{self.webhook_port}", ca.cert.read_bytes())
         self._kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(h) for h in hooks))
@@ -129,8 +141,10 @@ class KueueProcess:
         while True:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise RuntimeError(f"kueue exited with {self.process.returncode}; log {self.log_path}:\n"
-                                   + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:]))
+                raise RuntimeError(
+                    f"kueue exited with {self.process.returncode}; log {self.log_path}:\n"
+                    + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
+                )
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
@@ -145,8 +159,12 @@ class KueueProcess:
         if self.process is None:
             return
         try:  # webhooks pointing at a dead server would fail every later Workload write (failurePolicy: Fail)
-            self._kubectl("delete", "--ignore-not-found", "mutatingwebhookconfiguration/ftjob-kueue-mutating",
-                          "validatingwebhookconfiguration/ftjob-kueue-validating")  # fmt: skip
+            self._kubectl(
+                "delete",
+                "--ignore-not-found",
+                "mutatingwebhookconfiguration/ftjob-kueue-mutating",
+                "validatingwebhookconfiguration/ftjob-kueue-validating",
+            )
         finally:
             _terminate_group(self.process.pid, 15.0, self.process)
             self.process = None

@@ -436,8 +436,7 @@ class LocalCluster:
         # The API server's side of its connections to kubelets (pod logs, exec): it presents this client cert
         # and trusts kubelets whose serving cert our CA signed. `kubelet-serving` is that cert for a kubelet on
         # loopback (a node tier's kubelet, or a test that serves a node's container logs).
-        ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", organizations=(ADMIN_GROUP,),
-                 client=True)  # fmt: skip
+        ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", organizations=(ADMIN_GROUP,), client=True)
         ca.issue("kubelet-serving", "kubelet", dns_names=("localhost",), ips=("127.0.0.1",), server=True)
         return Context(d, ca, serving, pki.service_account_keys(d / "pki"), api_address=self.api_address)
 

@@ -306,8 +306,11 @@ def sync_image(ref: str) -> bool:
         ctr("images", "rm", "--sync", *names, check=False)
     save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE)
     assert save.stdout is not None
-    imp = subprocess.run(["ctr", "-a", str(CONTAINERD_SOCK), "-n", "k8s.io", "images", "import", "-"],
-                         stdin=save.stdout, capture_output=True)  # fmt: skip
+    imp = subprocess.run(
+        ["ctr", "-a", str(CONTAINERD_SOCK), "-n", "k8s.io", "images", "import", "-"],
+        stdin=save.stdout,
+        capture_output=True,
+    )
     save.stdout.close()
     if save.wait() != 0 or imp.returncode != 0:
         raise ClusterError(f"importing {ref} into the node failed: {imp.stderr.decode()}")
@@ -546,13 +549,21 @@ def _netpol_rbac() -> dict[str, object]:
         "kind": "List",
         "items": [
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
-             "rules": _NETPOL_RULES},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]},
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": _NETPOL_RULES,
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+            },
         ],
-    }  # fmt: skip
+    }
 
 
 class NetworkPolicyAgent(Component):
@@ -575,11 +586,19 @@ class NetworkPolicyAgent(Component):
         sa_dir.mkdir(parents=True, exist_ok=True)
         setup = ctx.write_kubeconfig("netpol-setup", "ftjob-netpol-setup", ("system:masters",))
         kubectl = [str(bins.ensure_binary("kubectl")), f"--kubeconfig={setup}"]
-        subprocess.run([*kubectl, "apply", "-f", "-"], input=json.dumps(_netpol_rbac()).encode(),
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [*kubectl, "apply", "-f", "-"], input=json.dumps(_netpol_rbac()).encode(), check=True, capture_output=True
+        )
         ns, name = NETPOL_SA
-        token = subprocess.run([*kubectl, "-n", ns, "create", "token", name, f"--duration={self.token_hours}h"],
-                               check=True, capture_output=True).stdout.decode().strip()  # fmt: skip
+        token = (
+            subprocess.run(
+                [*kubectl, "-n", ns, "create", "token", name, f"--duration={self.token_hours}h"],
+                check=True,
+                capture_output=True,
+            )
+            .stdout.decode()
+            .strip()
+        )
         (sa_dir / "token").write_text(token + "\n")
         (sa_dir / "token").chmod(0o600)
         shutil.copyfile(ctx.ca.pair.cert, sa_dir / "ca.crt")
@@ -596,13 +615,18 @@ class NetworkPolicyAgent(Component):
     def args(self, ctx: Context) -> list[str]:
         # unshare execs sh, which execs the agent: one pid, whose command line names the agent (stop_detached).
         return [
-            "--mount", "--propagation", "private", "sh", "-c", self.setup_script,
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            self.setup_script,
             str(bins.ensure_binary("kube-network-policies")),
             f"--hostname-override={NODE_NAME}",  # only pods bound to this node are policed
             f"--nfqueue-id={NETPOL_QUEUE}",
             f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
             "--v=2",  # one line per verdict: the log says which connection a policy dropped
-        ]  # fmt: skip
+        ]
 
     def healthy(self, ctx: Context) -> bool:
         # Its table appears once its informers synced and it wrote its rules; before that nothing is enforced.
@@ -622,9 +646,16 @@ def node_components(containerd_root: Path) -> list[Component]:
     )
     agent: list[Component] = [] if network_policy_unavailable_reason() else [NetworkPolicyAgent()]
     return [
-        Etcd(), apiserver, KubeControllerManager(), KubeScheduler(),
-        Containerd(containerd_root), Kubelet(), KubeProxy(), CoreDNS(), *agent,
-    ]  # fmt: skip
+        Etcd(),
+        apiserver,
+        KubeControllerManager(),
+        KubeScheduler(),
+        Containerd(containerd_root),
+        Kubelet(),
+        KubeProxy(),
+        CoreDNS(),
+        *agent,
+    ]
 
 
 def containerd_root() -> Path:
@@ -640,8 +671,11 @@ def wait_node_ready(kubectl: Path, kubeconfig: Path, timeout: float = 120.0) -> 
     deadline = time.monotonic() + timeout
     jsonpath = '{.status.conditions[?(@.type=="Ready")].status}'
     while time.monotonic() < deadline:
-        out = subprocess.run([str(kubectl), f"--kubeconfig={kubeconfig}", "get", "node", NODE_NAME,
-                              "-o", f"jsonpath={jsonpath}"], capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            [str(kubectl), f"--kubeconfig={kubeconfig}", "get", "node", NODE_NAME, "-o", f"jsonpath={jsonpath}"],
+            capture_output=True,
+            text=True,
+        )
         if out.stdout.strip() == "True":
             return
         time.sleep(0.25)
@@ -728,8 +762,11 @@ def leftovers(node_dir: Path) -> list[str]:
                 f"{tool} -t {table} {r}" for r in rules if r.startswith("-N ") and r[3:].startswith(CHAIN_PREFIXES)
             ]
     roots = (str(node_dir), str(RUN_DIR), "/var/lib/kubelet", "/var/run/netns/cni-")
-    found += [f"mount {m}" for m in (ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines())
-              if m.startswith(roots)]  # fmt: skip
+    found += [
+        f"mount {m}"
+        for m in (ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines())
+        if m.startswith(roots)
+    ]
     found += [f"cgroup {h}/kubepods" for h in Path("/sys/fs/cgroup").iterdir() if (h / "kubepods").is_dir()]
     found += [f"path {p}" for p in (str(RUN_DIR),) if Path(p).exists()]
     if shutil.which("nft") is not None and _run("nft", "list", "table", *NETPOL_TABLE, check=False).returncode == 0:

@@ -84,6 +84,7 @@ class PeerProcess:
     def install(self) -> None:
         crd = bins.peer_crd()
         self._kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+
         # Not `kubectl wait` or a jsonpath filter: both fail on a new CRD while .status.conditions is absent.
         def established() -> bool:
             status = json.loads(self._kubectl("get", "-f", str(crd), "-o", "json")).get("status") or {}
@@ -110,8 +111,15 @@ class PeerProcess:
         env.pop("MY_POD_NAMESPACE", None)
         cmd = in_private_cert_dir([str(binary), *peer_args(health, metrics, webhook)], certs)
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            env=env, start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+            self.process = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         self._wait_ready(f"http://127.0.0.1:{health}/readyz", timeout)
         return self
 
@@ -130,8 +138,10 @@ class PeerProcess:
         while not self._ready(url):
             assert self.process is not None
             if self.process.poll() is not None:
-                raise RuntimeError(f"training-operator exited with {self.process.returncode}; log {self.log_path}:\n"
-                                   + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:]))
+                raise RuntimeError(
+                    f"training-operator exited with {self.process.returncode}; log {self.log_path}:\n"
+                    + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"training-operator not ready within {timeout:.0f} s; log {self.log_path}")
             time.sleep(0.3)
