@@ -1,40 +1,23 @@
-"""The fault tier runs on the control-plane tier's fixtures (tests/controlplane/conftest.py: `cluster`,
-`kubeconfig`, `kubectl`, `kube_api`, `namespace`, `wait_for`), plus `local_cluster` for the scenarios that restart
-one of its components. At the end of a run the records of every scenario are written as Markdown to
+"""The fault tier runs on the shared control-plane fixtures (tests/conftest.py: `kubeconfig`, `kubectl`, `kube_api`,
+`namespace`, `wait_for`), with `cluster` taken from `local_cluster`, a LocalCluster the scenarios that restart one
+of its components can reach. At the end of a run the records of every scenario are written as Markdown to
 $FTJOB_RELIABILITY_OUT (`make test-faults` writes docs/reliability.md from the long variants)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import faultlib
 import pytest
+from cluster_support import Cluster
 from kubernetes import config as k8s_config
+from operator_support import install_crd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "controlplane"))
-sys.path.insert(0, str(HERE))
-_spec = importlib.util.spec_from_file_location("controlplane_conftest", HERE.parent / "controlplane" / "conftest.py")
-assert _spec is not None and _spec.loader is not None
-_cp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_cp)
-
-import faultlib  # noqa: E402
-
-from ftjob_cluster.localcluster import LocalCluster  # noqa: E402
-from ftjob_cluster.testing import Cluster  # noqa: E402
-
-kubeconfig = _cp.kubeconfig
-kubectl = _cp.kubectl
-kube_api = _cp.kube_api
-namespace = _cp.namespace
-wait_for_fixture = _cp.wait_for_fixture
-pytest_runtest_makereport = _cp.pytest_runtest_makereport
+from ftjob_cluster.localcluster import LocalCluster
 
 
 @pytest.fixture(scope="session")
@@ -71,8 +54,6 @@ def cluster(local_cluster: LocalCluster | None) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def crd(kubectl: Any, wait_for: Any) -> None:
-    from operator_support import install_crd
-
     install_crd(kubectl, wait_for)
 
 
