@@ -34,13 +34,16 @@ $(UNIDIC_WHEEL):
 	  python3 -m pip wheel -q --no-deps --no-cache-dir --wheel-dir $$tmp unidic-lite==$(UNIDIC_LITE_VERSION) && \
 	  mv $$tmp/$(notdir $@) $@ && rm -rf $$tmp
 
-$(VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) operator/pyproject.toml runtime/pyproject.toml $(wildcard requirements/*.txt)
+# Editable: the two packages, the cluster tool (tools/cluster) and the test support (tests/support) every tier imports.
+DEV_PACKAGES := operator runtime tools/cluster tests/support
+
+$(VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) $(addsuffix /pyproject.toml,$(DEV_PACKAGES)) $(wildcard requirements/*.txt)
 	[ -x $(PY) ] || $(UV) venv --python 3.11 $(VENV)
-	VIRTUAL_ENV=$(VENV) $(UV_INSTALL) -e operator -e runtime $(addprefix -r ,$(wildcard requirements/*.txt))
+	VIRTUAL_ENV=$(VENV) $(UV_INSTALL) $(addprefix -e ,$(DEV_PACKAGES)) $(addprefix -r ,$(wildcard requirements/*.txt))
 	$(UV_PRUNE)
 	touch $@
 
-setup: $(VENV)/.stamp ## Create .venv with both packages (editable), test and lint tools
+setup: $(VENV)/.stamp ## Create .venv with both packages, the cluster tool and the test support (editable), test and lint tools
 
 PY_SOURCES := operator runtime tests tools benchmarks hack
 

@@ -43,27 +43,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import peer_report
+import procstat
 import yaml
+from benchio import scratch, write_json
+from cluster_support import make_kubectl
 from kubernetes import client, config
+from operator_support import Kubelet, NodeLogs, install_crd, running_operator
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools" / "cluster"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-# The integration tests' helpers: the operator started and the CRD installed exactly as the tests do it.
-sys.path.insert(0, str(ROOT / "tests" / "controlplane"))
-import peer_report  # noqa: E402
-import procstat  # noqa: E402
-from auditlog import count_requests, policy_for_user, watch_uris  # noqa: E402
-from benchio import scratch, write_json  # noqa: E402
-from operator_support import Kubelet, NodeLogs, install_crd, running_operator  # noqa: E402
-
-from finetune_operator.admission import validate  # noqa: E402
-from finetune_operator.builders import desired  # noqa: E402
-from finetune_operator.k8s import Kube  # noqa: E402
-from finetune_operator.sshkeys import generate_keys  # noqa: E402
-from finetune_runtime.progress import format_line  # noqa: E402
-from ftjob_cluster import bins  # noqa: E402
-from ftjob_cluster.localcluster import (  # noqa: E402
+from finetune_operator.admission import validate
+from finetune_operator.builders import desired
+from finetune_operator.k8s import Kube
+from finetune_operator.sshkeys import generate_keys
+from finetune_runtime.progress import format_line
+from ftjob_cluster import bins
+from ftjob_cluster.auditlog import count_requests, policy_for_user, watch_uris
+from ftjob_cluster.localcluster import (
     Etcd,
     KubeApiserver,
     KubeControllerManager,
@@ -71,7 +66,8 @@ from ftjob_cluster.localcluster import (  # noqa: E402
     LocalCluster,
     wait_for,
 )
-from ftjob_cluster.testing import make_kubectl  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 OPERATOR_USER = "bench-operator"
 PEER_USER = "bench-peer"

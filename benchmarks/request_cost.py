@@ -29,10 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchio import scratch, write_json
 from kubernetes.client.exceptions import ApiException
-from operator_scale import (  # (it puts tools/cluster on the path)
+from operator_scale import (
     PODS_PER_JOB,
     Bench,
     _request,

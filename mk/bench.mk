@@ -36,7 +36,7 @@ bench-gpu: setup ## BERT-base Japanese on one NVIDIA GPU, bf16, seq 128, across 
 	$(PY) benchmarks/gpu_bert_ja.py --json $(BENCH_OUT)/gpu-bert-ja.json
 
 peer-bin: ## Build the Kubeflow training-operator v1.8.1 from its Go module (tools/cluster/peer; cached per version)
-	PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster bin training-operator
+	$(CLUSTER_TOOL) bin training-operator
 
 bench-peer: setup k8s-bins peer-bin ## Raw vs ours vs Kubeflow training-operator, interleaved on one control plane; table -> benchmarks/README.md
 	$(PY) benchmarks/operator_scale.py --peer --jobs $(BENCH_PEER_JOBS) --rounds $(BENCH_PEER_ROUNDS) \

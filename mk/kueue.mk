@@ -3,7 +3,7 @@
 .PHONY: kueue-bin test-kueue
 
 kueue-bin: ## Build Kueue's manager from its Go module (tools/cluster/kueue; cached per version)
-	PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster bin kueue
+	$(CLUSTER_TOOL) bin kueue
 
 test-kueue: setup k8s-bins kueue-bin ## Kueue tier: quota, admission, flavors, eviction, restarts and deletion with a real Kueue
 	$(PY) -m pytest -q tests/controlplane/test_kueue.py

@@ -45,10 +45,11 @@ test-runtime-fast: setup runtime-deps impi versitygw ## Runtime tier without the
 
 # transformers 4.57 is the newest release the Neuron stack pins (docs/runtime.md); the uv cache hardlinks torch,
 # so this second venv is cheap. The operator package is installed too: tests/runtime renders the samples' config
-# through its admission and builders, exactly as the pods get it.
-$(TF457_VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) runtime/pyproject.toml operator/pyproject.toml
+# through its admission and builders, exactly as the pods get it. So are the test support and the cluster tool,
+# which tests/conftest.py imports in every tier.
+$(TF457_VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) $(addsuffix /pyproject.toml,$(DEV_PACKAGES))
 	[ -x $(TF457_VENV)/bin/python ] || $(UV) venv --python 3.11 $(TF457_VENV)
-	VIRTUAL_ENV=$(TF457_VENV) $(UV_INSTALL) -e operator -e runtime "transformers==4.57.*" "pytest>=9" pytest-timeout hypothesis
+	VIRTUAL_ENV=$(TF457_VENV) $(UV_INSTALL) $(addprefix -e ,$(DEV_PACKAGES)) "transformers==4.57.*" "pytest>=9" pytest-timeout hypothesis
 	$(UV_PRUNE)
 	touch $@
 

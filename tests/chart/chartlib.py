@@ -10,13 +10,14 @@ import copy
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ftjob_cluster import bins
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "finetune-operator"
@@ -37,11 +38,6 @@ def pinned_binary(name: str) -> str:
 
 def pinned_k8s_version() -> str:
     """The Kubernetes release the repository pins (tools/cluster builds the control plane at it)."""
-    sys.path.insert(0, str(REPO / "tools" / "cluster"))
-    try:
-        from ftjob_cluster import bins
-    finally:
-        sys.path.pop(0)
     return str(bins.K8S_VERSION)
 
 

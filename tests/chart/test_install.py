@@ -31,7 +31,6 @@ import pytest
 import yaml
 from chartlib import CHART, REPO, load_all
 
-sys.path.insert(0, str(REPO / "tools" / "cluster"))
 from ftjob_cluster import bins
 from ftjob_cluster.localcluster import LocalCluster, wait_for
 

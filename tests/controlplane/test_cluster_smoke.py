@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cluster_support import Cluster, Kubectl, KubectlError, Wait
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from ftjob_cluster import bins
-from ftjob_cluster.testing import Cluster, Kubectl, KubectlError, Wait
 
 
 def _absent(read: Callable[[], object]) -> bool:

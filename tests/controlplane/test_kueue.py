@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_support import Cluster
 from ftjobs import load_sample
 from kubernetes import client
 from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, status, two_rank_job
 
 from ftjob_cluster.kueue import KueueProcess
-from ftjob_cluster.testing import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 KUEUE = ("kueue.x-k8s.io", "v1beta2")

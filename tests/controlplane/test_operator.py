@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_support import Cluster
 from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
 from kubernetes import client
 from operator_support import (
@@ -35,7 +36,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from finetune_operator.controller import ERROR_BACKOFF_S
 from finetune_operator.k8s import Kube
 from finetune_runtime.progress import format_line
-from ftjob_cluster.testing import Cluster
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ does a use never granted."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,17 +25,16 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_support import Kubectl, make_kubectl
 from kubernetes import client, config
 from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, two_rank_job
 
 from ftjob_cluster import bins
+from ftjob_cluster.auditlog import Permission, permissions_used, policy_for_user
 from ftjob_cluster.kueue import KueueProcess
 from ftjob_cluster.localcluster import Etcd, KubeApiserver, KubeControllerManager, LocalCluster, wait_for
-from ftjob_cluster.testing import Kubectl, make_kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from auditlog import Permission, permissions_used, policy_for_user  # noqa: E402
 
 USER = "audited-operator"
 CHART = ROOT / "charts" / "finetune-operator"

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -23,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cluster_support import Kubectl, make_kubectl
+
+from ftjob_cluster import bins, node
+from ftjob_cluster.localcluster import LocalCluster, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools" / "cluster"))
-
-from ftjob_cluster import bins, node  # noqa: E402
-from ftjob_cluster.localcluster import LocalCluster, wait_for  # noqa: E402
-from ftjob_cluster.testing import Kubectl, make_kubectl  # noqa: E402
 
 
 def _version(pyproject: Path) -> str:

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_support import Kubectl
 
 from ftjob_cluster import node
 from ftjob_cluster.localcluster import wait_for
-from ftjob_cluster.testing import Kubectl
 
 JOBS = Path(__file__).resolve().parent / "jobs"
 JOB_TIMEOUT = 1200.0

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_support import Kubectl
 
 from finetune_operator.progress import parse_line
 from ftjob_cluster.localcluster import wait_for
-from ftjob_cluster.testing import Kubectl
 
 JOBS = Path(__file__).resolve().parent / "jobs"
 # First runs import the model and tokenizer on 2 shared cores: minutes, not seconds.

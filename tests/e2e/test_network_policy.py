@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_support import Kubectl
 
 from ftjob_cluster import bins, netpolicy, node
 from ftjob_cluster.localcluster import wait_for
-from ftjob_cluster.testing import Kubectl
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_YAML = Path(__file__).resolve().parent / "jobs" / "netpol-gated.yaml"

@@ -1,40 +1,24 @@
-"""The fault tier runs on the control-plane tier's fixtures (tests/controlplane/conftest.py: `cluster`,
-`kubeconfig`, `kubectl`, `kube_api`, `namespace`, `wait_for`), plus `local_cluster` for the scenarios that restart
-one of its components. At the end of a run the records of every scenario are written as Markdown to
-$FTJOB_RELIABILITY_OUT (`make test-faults` writes docs/reliability.md from the long variants)."""
+"""The fault tier runs on the shared control-plane fixtures (tests/conftest.py: `kubeconfig`, `kubectl`, `kube_api`,
+`namespace`, `wait_for`), with `cluster` taken from `local_cluster`, a LocalCluster the scenarios that restart one
+of its components can reach. At the end of a run in which every test passed (or was skipped), the records of every
+scenario, each with pytest's own verdict on its test, are written as Markdown to $FTJOB_RELIABILITY_OUT
+(`make test-faults` writes docs/reliability.md from the long variants); a failed run writes nothing."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import faultlib
 import pytest
+from cluster_support import Cluster
 from kubernetes import config as k8s_config
+from operator_support import install_crd
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "controlplane"))
-sys.path.insert(0, str(HERE))
-_spec = importlib.util.spec_from_file_location("controlplane_conftest", HERE.parent / "controlplane" / "conftest.py")
-assert _spec is not None and _spec.loader is not None
-_cp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_cp)
-
-import faultlib  # noqa: E402
-
-from ftjob_cluster.localcluster import LocalCluster  # noqa: E402
-from ftjob_cluster.testing import Cluster  # noqa: E402
-
-kubeconfig = _cp.kubeconfig
-kubectl = _cp.kubectl
-kube_api = _cp.kube_api
-namespace = _cp.namespace
-wait_for_fixture = _cp.wait_for_fixture
-pytest_runtest_makereport = _cp.pytest_runtest_makereport
+from ftjob_cluster.localcluster import LocalCluster
 
 
 @pytest.fixture(scope="session")
@@ -71,8 +55,6 @@ def cluster(local_cluster: LocalCluster | None) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def crd(kubectl: Any, wait_for: Any) -> None:
-    from operator_support import install_crd
-
     install_crd(kubectl, wait_for)
 
 
@@ -86,10 +68,13 @@ def render_report(records: list[faultlib.Record]) -> str:
         f"Variant: {variant}. Seed: {faultlib.SEED} (rerun with `FTJOB_FAULT_SEED={faultlib.SEED}`). Written "
         f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}.",
         "Every scenario runs against a real kube-apiserver, etcd, controller-manager and scheduler (tools/cluster) "
-        "with the real operator process; pod status is written the way a kubelet writes it "
-        "(tests/controlplane/operator_support.py). A scenario's outcome is `held` when every invariant it checks "
-        "held in every trial. Rank failures, OOM, eviction and pod deletion with group restart and backoffLimit "
-        "are covered by tests/controlplane/test_operator.py and are not repeated here.",
+        "with the real operator process. No kubelet runs in this tier: pod status is written the way a kubelet "
+        "writes it (tests/support/operator_support.py), so node faults (a kubelet evicting pods, a node lost) are "
+        "not covered here. A scenario's outcome is pytest's verdict on the test that ran it: `held` when the test "
+        "passed, every invariant it checks having held in every trial; `skipped` with pytest's reason. This file "
+        "is written only from a session in which every test passed or was skipped. Rank failures and OOM as a "
+        "kubelet reports them, a running rank's pod deleted, group restart and backoffLimit are covered by "
+        "tests/controlplane/test_operator.py and are not repeated here.",
         "",
         "| Scenario | Injection | Trials | Outcome |",
         "|---|---|---|---|",
@@ -104,7 +89,47 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"fault suite: {'long' if faultlib.LONG else 'quick'} variant, FTJOB_FAULT_SEED={faultlib.SEED}"
 
 
+# Each record takes its outcome from pytest's reports of the test that made it: the records made since that test's
+# protocol began (a scenario's test calls faultlib.record once).
+_FIRST_RECORD = pytest.StashKey[int]()
+# Why the record was not written, for the terminal summary.
+_NOT_WRITTEN = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    item.stash[_FIRST_RECORD] = len(faultlib.RECORDS)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    for r in faultlib.RECORDS[item.stash.get(_FIRST_RECORD, len(faultlib.RECORDS)) :]:
+        r.observe(report)
+    return report
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Write the record to $FTJOB_RELIABILITY_OUT, only from a session that passed: a failed one leaves the last
+    good record in place (docs/reliability.md is committed) and shows its rows in the summary instead."""
     out = os.environ.get("FTJOB_RELIABILITY_OUT")
-    if out and faultlib.RECORDS:
+    if not out or not faultlib.RECORDS:
+        return
+    unsettled = [r for r in faultlib.RECORDS if not (r.held or r.result == "skipped")]
+    if exitstatus != pytest.ExitCode.OK:
+        session.config.stash[_NOT_WRITTEN] = f"the session failed (exit status {int(exitstatus)})"
+    elif unsettled:
+        session.config.stash[_NOT_WRITTEN] = f"{len(unsettled)} scenario(s) did not hold"
+    else:
         Path(out).write_text(render_report(faultlib.RECORDS))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    why = terminalreporter.config.stash.get(_NOT_WRITTEN, None)
+    if why is None:
+        return
+    terminalreporter.write_line(f"fault record not written to {os.environ['FTJOB_RELIABILITY_OUT']}: {why}")
+    for r in sorted(faultlib.RECORDS, key=lambda r: r.scenario):
+        if not r.held:
+            terminalreporter.write_line(f"  {r.scenario}: {r.outcome}")

@@ -21,17 +21,13 @@ from typing import Any
 
 import pytest
 import yaml
-
-from .conftest import DEFAULT_IMAGE, FTJOB_UID, REPO, Docker, built_image
-
-sys.path.insert(0, str(REPO / "tools" / "cluster"))
-sys.path.insert(0, str(REPO / "tests" / "controlplane"))
-
+from cluster_support import Kubectl, make_kubectl
 from operator_support import free_port, install_crd
 
 from ftjob_cluster import bins
 from ftjob_cluster.localcluster import LocalCluster, wait_for
-from ftjob_cluster.testing import Kubectl, make_kubectl
+
+from .conftest import DEFAULT_IMAGE, FTJOB_UID, REPO, Docker, built_image
 
 OPERATOR_DIR = REPO / "images" / "operator"
 OPERATOR_VERSION = tomllib.loads((REPO / "operator" / "pyproject.toml").read_text())["project"]["version"]

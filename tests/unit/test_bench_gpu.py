@@ -9,11 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gpu_bert_ja as g
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu_bert_ja as g  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "gpu_bert_ja.py"
 

@@ -4,23 +4,20 @@ and the README table. The numbers themselves are measured by the benchmark, neve
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+import operator_scale
+import peer_report
+import procstat
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tools" / "cluster"))
-import operator_scale  # noqa: E402
-import peer_report  # noqa: E402
-import procstat  # noqa: E402
+from ftjob_cluster import bins, peer, pki
 
-from ftjob_cluster import bins, peer, pki  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_peer_mode_arguments_and_their_defaults() -> None:

@@ -4,16 +4,14 @@ themselves are measured by the benchmark, never asserted here."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tools" / "cluster"))
-import request_cost  # noqa: E402
+import request_cost
 
-from finetune_operator.crd import crd  # noqa: E402
+from finetune_operator.crd import crd
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _schema(doc: dict[str, Any]) -> dict[str, Any]:

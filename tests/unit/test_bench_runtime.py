@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import data_prep
 import pytest
+import runtime_overhead as ro
+
+from finetune_runtime.progress import format_line
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import data_prep  # noqa: E402
-import runtime_overhead as ro  # noqa: E402
-
-from finetune_runtime.progress import format_line  # noqa: E402
 
 
 def test_step_of_reads_runtime_progress_lines_and_bare_lines() -> None:

@@ -3,13 +3,10 @@ and stays, named, when it fails or when asked to."""
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from benchio import scratch
 
 

@@ -1,13 +1,11 @@
-"""benchmarks/auditlog.py: the request counts the scale benchmark reports come from this parser."""
+"""ftjob_cluster.auditlog: the request counts of the scale benchmark and the RBAC audit test come from this parser."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from auditlog import count_requests, policy_for_user, watch_uris
+from ftjob_cluster.auditlog import count_requests, policy_for_user, watch_uris
 
 
 def event(user: str, verb: str, stage: str = "ResponseComplete", uri: str = "/apis?timeout=32s", **ref: str) -> str:
@@ -60,7 +58,7 @@ def test_policy_records_only_the_user() -> None:
 
 
 def test_permissions_used_in_rbac_terms(tmp_path: Path) -> None:
-    from auditlog import permissions_used
+    from ftjob_cluster.auditlog import permissions_used
 
     log = tmp_path / "audit.log"
     log.write_text(

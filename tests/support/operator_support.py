@@ -24,6 +24,7 @@ from typing import Any
 
 import urllib3
 import yaml
+from ftjobs import make_job
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -53,9 +54,6 @@ def status(kube_api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
 def two_rank_job(name: str, mpi: bool = False, **run_policy: Any) -> dict[str, Any]:
     """A 2-rank text-classification FineTuneJob whose pods no kubelet runs (NO_KUBELET), with `run_policy`
     fields when given and the MPICH launcher when `mpi`."""
-    # Imported here: benchmarks/operator_scale.py imports this module without tests/support on its path.
-    from ftjobs import make_job
-
     b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
     if run_policy:
         b.run_policy(**run_policy)

@@ -1,4 +1,5 @@
-"""Types shared by the pytest fixtures (tests/controlplane/conftest.py) and the tests that use them.
+"""Types shared by the pytest fixtures (tests/conftest.py) and the tests that use them, and the kubectl runner the
+fixtures, the tiers that start their own cluster and the benchmarks build on.
 
 Kept here rather than in conftest.py so test modules import them by a unique module name."""
 
