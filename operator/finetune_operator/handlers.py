@@ -131,11 +131,14 @@ def _on_child(kind: str, wake_on: tuple[str, ...] = ("DELETED",)) -> Any:
         **_: Any,
     ) -> None:
         """The index now shows the child; a deletion (of it, or of a foreign object holding a child's name, or
-        its label edited so that the watch lost it) wakes the job, which may create it now."""
+        its managed-by label edited so that the watch lost it) wakes the job, which may create it now, and so
+        does its job-name label naming another job than its owner (reconcile puts it back)."""
+        label = labels.get(c.LABEL_JOB_NAME)
         for key in _job_keys(body, labels, namespace):
             loop = memo.loops.get(*key)
             if loop is not None:
-                loop.child_event(f"{kind}/{name}", wake=type in wake_on or "*" in wake_on)
+                wake = type in wake_on or "*" in wake_on or key[1] != label
+                loop.child_event(f"{kind}/{name}", wake=wake)
 
     return event
 
