@@ -640,3 +640,62 @@ def test_removing_the_queue_name_deletes_the_waiting_workload_and_the_job_runs_u
             timeout=60,
             message="nothing pending in the ClusterQueue",
         )
+
+
+def test_the_workload_watch_starts_when_kueues_crds_come_after_the_operator(tmp_path: Path, wait_for: Any) -> None:
+    """A control plane of its own, without Kueue when the operator starts (it runs there, not watching
+    Workloads). Kueue's CRDs installed later: kopf finds the resource through discovery and starts the watch, so
+    an admission (written here as Kueue would) wakes the queued job at once, without an operator restart and
+    before the idle safety-net pass."""
+    from kubernetes import config as k8s_config
+
+    from ftjob_cluster import bins
+    from ftjob_cluster.localcluster import Etcd, KubeApiserver, KubeControllerManager, LocalCluster
+    from ftjob_cluster.testing import make_kubectl
+
+    with LocalCluster(tmp_path / "cluster", [Etcd(), KubeApiserver(), KubeControllerManager()]) as cluster:
+        own = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)
+        install_crd(own, wait_for)
+        api = k8s_config.new_client_from_config(str(cluster.kubeconfig))
+        log = tmp_path / "operator.log"
+        try:
+            with running_operator(cluster.kubeconfig, wait_for, log):
+                KueueProcess(cluster.kubeconfig, tmp_path / "kueue").install_crds()  # the API only
+                own("create", "namespace", "late")
+                wait_for(
+                    lambda: own("get", "serviceaccount", "default", "-n", "late", check=False).returncode == 0,
+                    timeout=60,
+                    message="ServiceAccount default in late",
+                )
+                own("apply", "-n", "late", "-f", "-", input=job_yaml(queued_job("late", "lq")))
+                wait_for(lambda: workload(api, "late", "late"), timeout=60, message="the job's Workload")
+                now = "2026-12-03T00:00:00Z"
+                client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+                    *KUEUE,
+                    "late",
+                    "workloads",
+                    "late",
+                    {
+                        "status": {
+                            "conditions": [
+                                {"type": t, "status": "True", "reason": t, "message": t, "lastTransitionTime": now}
+                                for t in ("QuotaReserved", "Admitted")
+                            ],
+                            "admission": {
+                                "clusterQueue": "cq",
+                                "podSetAssignments": [{"name": "rank", "count": 2, "flavors": {}}],
+                            },
+                        }
+                    },
+                )
+                core = client.CoreV1Api(api)
+                wait_for(
+                    lambda: len(core.list_namespaced_pod("late").items) == 2,
+                    timeout=IDLE_REQUEUE_S / 3,
+                    message="the admitted job's pods, from the Workload's watch event",
+                )
+        except BaseException:
+            print(log.read_text(errors="replace")[-5000:])
+            raise
+        finally:
+            api.close()
