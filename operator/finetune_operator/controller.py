@@ -17,7 +17,6 @@ import contextlib
 import copy
 import ctypes
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
@@ -26,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -36,8 +35,20 @@ from .admission import validate
 from .api.validation import InvalidSpec
 from .builders.layout import launcher_of
 from .builders.names import Names
+from .builders.objects import SshKeys
 from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, clear_job, set_job_progress
-from .reconcile import Observed, Plan, admitted_flavors, controller_uid, iso, reconcile, set_condition, slim_child
+from .reconcile import (
+    Observed,
+    Plan,
+    Relabel,
+    admitted_flavors,
+    controller_uid,
+    reconcile,
+    set_condition,
+    slim_child,
+    slim_workload,
+    wind_down,
+)
 from .refusal import Refused, failed_status
 from .sshkeys import generate_keys
 
@@ -64,9 +75,21 @@ FOLLOWED = ("Running", "Precompiling")  # phases whose progress is read from ran
 # control-plane backoff test too.
 ERROR_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
-# The pods labelled with the job's name, and "Kind/name" -> controller uid of its other labelled objects, as the
-# watch-fed indexes hold them (reconcile tells the job's own from foreign ones).
-Children = tuple[list[dict[str, Any]], dict[str, str | None]]
+
+@dataclass
+class Children:
+    """What the watch-fed indexes hold under one job's key (handlers.job_daemon): its children found by their
+    controller owner, and the objects labelled with its name (reconcile tells the job's own from foreign ones).
+    A caller may give a (pods, objects) pair instead; `JobLoop.take` copies every part."""
+
+    pods: list[dict[str, Any]]  # reconcile.slim_child of each pod
+    objects: dict[str, str | None]  # "Kind/name" -> controller uid of the other children
+    workloads: list[dict[str, Any]] = field(default_factory=list)  # reconcile.slim_workload of each Workload
+    # "Kind/name" -> (uid, labels) of `objects` found under the key by their controller owner whose job-name label
+    # names another job (Observed.mislabelled).
+    mislabelled: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+
+
 # Creates in flight at once, across all jobs: a 64-rank job's pods go out together instead of one after another,
 # and 200 new jobs cannot open 800 connections (k8s.POOL_CONNECTIONS leaves room for them). The same number of
 # threads the raw benchmark writes with (benchmarks/operator_scale.py).
@@ -77,19 +100,35 @@ _creates = ThreadPoolExecutor(CREATE_CONCURRENCY, thread_name_prefix="create")
 UNWATCHED_KINDS = ("Secret",)
 
 
+class _KeysFailed(Exception):
+    """Making an MPI job's SSH keys failed: not the spec's content (see JobLoop._plan)."""
+
+
+def _key_maker(job_name: str) -> Callable[[], SshKeys]:
+    def make() -> SshKeys:
+        try:
+            return generate_keys(job_name)
+        except Exception as e:
+            raise _KeysFailed from e
+
+    return make
+
+
 class Api(Protocol):
-    """What the loop calls on the Kubernetes API (k8s.Kube; a fake in the unit tests)."""
+    """What the loop calls on the Kubernetes API (k8s.Kube; a fake in the unit tests). Every delete and label
+    repair carries the uid of the object it means as a precondition."""
 
     def get_job(self, ns: str, name: str) -> dict[str, Any] | None: ...
     def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None: ...
     def event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None: ...
     def create(self, obj: dict[str, Any]) -> bool: ...
-    def delete_pod(self, ns: str, name: str) -> None: ...
-    def delete_job(self, ns: str, name: str) -> None: ...
+    def delete_pod(self, ns: str, name: str, uid: str) -> None: ...
+    def delete_job(self, ns: str, name: str, uid: str) -> None: ...
+    def relabel(self, ns: str, change: Relabel) -> None: ...
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None: ...
-    def get_workload(self, ns: str, name: str) -> dict[str, Any] | None: ...
     def get_resource_flavor(self, name: str) -> dict[str, Any] | None: ...
     def patch_workload_status(self, ns: str, name: str, patch: dict[str, Any]) -> None: ...
+    def delete_workload(self, ns: str, name: str, uid: str) -> None: ...
 
 
 def network_policies(config: Mapping[str, Any]) -> bool:
@@ -126,14 +165,16 @@ def _rank0_finished(job: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
     return False
 
 
-def apply(api: Api, job: dict[str, Any], old_status: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
+def apply(
+    api: Api, job: dict[str, Any], old_status: dict[str, Any], plan: Plan
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Carries out the plan. Returns the job as the API server answered the status patch (None when no patch
-    was sent or the job is gone)."""
+    was sent or the job is gone), and the objects that were created (not those that existed already)."""
     ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
     if plan.delete_job:
         api.event(job, "Normal", "TTLExpired", "ttlSecondsAfterFinished elapsed: deleting the job and its children")
-        api.delete_job(ns, name)
-        return None
+        api.delete_job(ns, name, str(job["metadata"].get("uid")))
+        return None, []
     # The status first: it is the job's memory. A process killed after deleting a failed attempt's pods but
     # before saving restartCount would come back to find them gone and recreate the same attempt, the restart
     # never counted against backoffLimit (tests/faults/test_operator_kill.py). Saved first, a restart already
@@ -141,15 +182,22 @@ def apply(api: Api, job: dict[str, Any], old_status: dict[str, Any], plan: Plan)
     # creates them.
     patched = api.patch_status(ns, name, old_status, plan.status)
     for pod in plan.delete_pods:
-        api.delete_pod(ns, pod)
-    create_all(api, plan.create)
+        # A pod no watch event has shown yet (this loop created it) has no uid to delete it by: the pass its
+        # event wakes deletes it.
+        if pod in plan.pod_uids:
+            api.delete_pod(ns, pod, plan.pod_uids[pod])
+    for change in plan.relabel:
+        api.relabel(ns, change)
+    if plan.delete_workload is not None:
+        api.delete_workload(ns, name, plan.delete_workload)  # Names.workload: the job's own name
+    created = create_all(api, plan.create)
     if plan.workload_status is not None:
-        api.patch_workload_status(ns, Names.of(job, launcher_of(job["spec"])).workload, plan.workload_status)
+        api.patch_workload_status(ns, name, plan.workload_status)
     for etype, reason, message in plan.events:
         api.event(job, etype, reason, message)
     for _, reason, _ in plan.events:
         TRANSITIONS.labels(phase=plan.status.get("phase", "Pending"), reason=reason).inc()
-    return patched
+    return patched, created
 
 
 def fingerprint(job: Mapping[str, Any], status: Mapping[str, Any]) -> bytes:
@@ -170,19 +218,24 @@ def lean(job: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
-def create_all(api: Api, objects: list[dict[str, Any]]) -> None:
+def create_all(api: Api, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Creates in two waves, each concurrent (CREATE_CONCURRENCY): first what the pods mount or sit behind
     (Service, ConfigMap, Secret, ...), then the pods, so a pod never starts before its configuration exists.
     Every create of a wave finishes before the first error (in plan order) is raised: a Refused pod ends the
-    job (refusal.py) whatever the others did; the next pass finds the ones that were made."""
+    job (refusal.py) whatever the others did; the next pass finds the ones that were made. Returns the objects
+    created (not those found to exist already, which k8s.Kube.create checked to be the job's own)."""
+    created = []
     for wave in ([o for o in objects if o["kind"] != "Pod"], [o for o in objects if o["kind"] == "Pod"]):
         if len(wave) == 1:
-            api.create(wave[0])
+            made = [api.create(wave[0])]
         elif wave:
             futures = [_creates.submit(api.create, obj) for obj in wave]
             wait(futures)
-            for f in futures:
-                f.result()
+            made = [f.result() for f in futures]
+        else:
+            made = []
+        created += [obj for obj, new in zip(wave, made, strict=True) if new]
+    return created
 
 
 @dataclass(frozen=True)
@@ -352,7 +405,7 @@ class JobLoop:
         return Pause(max(0.0, until_pass), wakeable=True)
 
     # -- one step -------------------------------------------------------------------------------------------------
-    def take(self, children: Callable[[], Children]) -> Children | None:
+    def take(self, children: Callable[[], Children | tuple[Any, ...]]) -> Children | None:
         """When a full pass is due: clear the wake-up (an event during the pass triggers another) and copy the
         children. Called on the event loop, which is what updates the indexes `children` reads."""
         if not self.pass_due():
@@ -360,27 +413,33 @@ class JobLoop:
         if not self._woken.is_set() and self.passes and self.clock() - self.job_at >= IDLE_REQUEUE_S:
             self.job = None  # a timer pass reads the job fresh unless the API answered with it lately
         self._woken.clear()
-        pods, objects = children()
-        return self._with_created(pods, objects)
+        got = children()
+        got = got if isinstance(got, Children) else Children(*got)
+        taken = Children(list(got.pods), dict(got.objects), list(got.workloads), dict(got.mislabelled))
+        return self._with_created(taken)
 
-    def _with_created(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> Children:
+    def _with_created(self, children: Children) -> Children:
         """The indexes' children plus what this loop created that they do not show yet (`created`)."""
         now = self.clock()
+        pods, objects, workloads = children.pods, children.objects, children.workloads
         shown = {f"Pod/{p['metadata']['name']}" for p in pods} | objects.keys()
+        shown |= {f"Workload/{w['metadata']['name']}" for w in workloads}
         for ref, (obj, at) in list(self.created.items()):
             if ref in shown or now - at > CREATED_MEMORY_S:
                 del self.created[ref]
             elif obj["kind"] == "Pod":
                 pods.append(obj)
+            elif obj["kind"] == "Workload":
+                workloads.append(obj)
             else:
                 objects[ref] = controller_uid(obj)
-        return pods, objects
+        return children
 
     def tick(self, children: Children | None) -> Pause:
         """A full pass when `take()` gave children, else a progress refresh when one is due. Blocking (API
         calls): the daemon runs it in a worker thread."""
         if children is not None:
-            self._full_pass(*children)
+            self._full_pass(children)
         elif self._refresh_due():
             try:
                 self.refresh_progress()
@@ -389,11 +448,11 @@ class JobLoop:
                 log.exception("progress refresh of %s/%s failed", self.namespace, self.name)
         return self.pause()
 
-    def step(self, children: Callable[[], Children]) -> Pause:
+    def step(self, children: Callable[[], Children | tuple[Any, ...]]) -> Pause:
         """take() and tick() in one call, for callers without threads (the unit tests)."""
         return self.tick(self.take(children))
 
-    async def run(self, stopped: Callable[[], bool], children: Callable[[], Children]) -> None:
+    async def run(self, stopped: Callable[[], bool], children: Callable[[], Children | tuple[Any, ...]]) -> None:
         """Steps until `stopped()`; sleeps between them, woken early by `wake()` unless backing off."""
         loop = asyncio.get_running_loop()
         while not stopped() and not self.gone:
@@ -416,10 +475,10 @@ class JobLoop:
     def _refresh_due(self) -> bool:
         return self.followed is not None and self._progress_due_in() <= 0
 
-    def _full_pass(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> None:
+    def _full_pass(self, children: Children) -> None:
         self.passes += 1
         try:
-            wait = self.reconcile_once(pods, objects)
+            wait = self.reconcile_once(children)
             if self.failures:
                 self._clear_error()
             self.failures = 0
@@ -435,10 +494,10 @@ class JobLoop:
         self.next_pass = self.clock() + wait
 
     # -- the pass -------------------------------------------------------------------------------------------------
-    def reconcile_once(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> float:
+    def reconcile_once(self, children: Children) -> float:
         """One full pass. Returns seconds until the next one unless something wakes the loop earlier."""
         for fresh in (self.job is None, True):
-            wait, planned = self._plan(pods, objects)
+            wait, planned = self._plan(children)
             # A pass from the loop's copy acts (creates, deletes, a new phase) only on a fresh read: another
             # writer (a second operator, a stuck old replica) may have moved the job on since that copy
             # (tests/faults: two operators racing). The first pass (kopf's body, a new job) creates at once.
@@ -447,7 +506,7 @@ class JobLoop:
             self.job = None
         return wait if planned is None else self._apply(planned)
 
-    def _plan(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> tuple[float, _Planned | None]:
+    def _plan(self, children: Children) -> tuple[float, _Planned | None]:
         """The job (the loop's copy, or read fresh) and the plan for it; (seconds, None) when there is nothing
         to apply."""
         ns, name = self.key
@@ -466,19 +525,19 @@ class JobLoop:
             return IDLE_REQUEUE_S, None
         old_status = dict(raw.get("status") or {})
         now = self.now()
+        pods = children.pods
+        seen = {**children.objects, **self.made}
+        # The Workload named like the job (Names.workload), from the Workload index: queued or not (a job whose
+        # queueName was removed deletes its own). No request: its watch events wake the loop.
+        wl = next((w for w in children.workloads if w["metadata"]["name"] == name), None)
+        bare = Observed(pods, seen, now, workload=wl, mislabelled=children.mislabelled)
         try:
             job = validate(raw)
         except InvalidSpec as e:
             # Admission normally rejects these; a job stored before a CRD upgrade can still be invalid.
-            status = copy.deepcopy(old_status)
-            if status.get("phase") != "Failed":
-                msg = "invalid spec: " + "; ".join(str(x) for x in e.errors)
-                status.update(phase="Failed", reason="InvalidSpec", message=msg, completionTime=iso(now))
-                set_condition(status, "Failed", True, "InvalidSpec", msg, now)
-                self.api.event(raw, "Warning", "InvalidSpec", msg)
-                self._intend(raw, status)
-                self._remember(self.api.patch_status(ns, name, old_status, status), True, raw)
-            return math.inf, None  # a spec change (a watch event) is all that can change this
+            return self._wind_down(raw, bare, "invalid spec: " + "; ".join(str(x) for x in e.errors))
+        except Exception as e:  # the spec's content broke validation itself: the same spec would again
+            return self._wind_down(raw, bare, self._pure_error(e))
         job["status"] = raw.get("status") or {}
         prog = None
         if old_status.get("phase") in FOLLOWED:
@@ -487,14 +546,33 @@ class JobLoop:
             prog = self._read_progress(
                 rank0_log_source(job, old_status.get("phase")), old_status, force=_rank0_finished(job, pods)
             )
-        seen = {**objects, **self.made}
-        # Queued jobs: the Workload, read fresh (no watch: Kueue's CRDs may not exist where no job is queued).
-        wl = self.api.get_workload(ns, name) if (job["spec"].get("runPolicy") or {}).get("queueName") else None
         # An admitted Workload's flavors, read each pass (a GET each): their nodeLabels and tolerations go onto
         # the pods; one that cannot be read (None) is left out and reconcile waits for it.
         flavors = {f: obj for f in admitted_flavors(wl) if (obj := self.api.get_resource_flavor(f)) is not None}
-        observed = Observed(pods, seen, now, prog, functools.partial(generate_keys, name), workload=wl, flavors=flavors)
-        return 0.0, _Planned(raw, job, old_status, reconcile(job, observed, self.config), now)
+        observed = dataclasses.replace(bare, progress=prog, ssh_keys=_key_maker(name), flavors=flavors)
+        try:
+            plan = reconcile(job, observed, self.config)
+        except _KeysFailed as e:
+            raise (e.__cause__ or e) from None  # not the spec's doing: backed off and retried like an API error
+        except Exception as e:
+            # reconcile and the builders are pure: what raised is the spec's content, and would raise again.
+            return self._wind_down(raw, bare, self._pure_error(e))
+        return 0.0, _Planned(raw, job, old_status, plan, now)
+
+    def _pure_error(self, err: Exception) -> str:
+        log.exception("reconciling the spec of %s/%s raised; the job is failed, not retried", *self.key)
+        return (
+            f"reconciling this spec raised {type(err).__name__}: {err}. The job is failed, not retried: the same "
+            "spec would raise again. Create it again with a corrected spec, and report the error: the operator "
+            "should have refused or handled this spec"
+        )
+
+    def _wind_down(self, raw: dict[str, Any], observed: Observed, message: str) -> tuple[float, _Planned]:
+        """A job that cannot be reconciled ends Failed/InvalidSpec with its pods stopped and its Workload
+        Finished (reconcile.wind_down); nothing retries it, since a spec change (a watch event) is all that
+        could change the outcome."""
+        plan = wind_down(raw, observed, message)
+        return 0.0, _Planned(raw, raw, dict(raw.get("status") or {}), plan, observed.now)
 
     def _apply(self, planned: _Planned) -> float:
         """Applies a pass's plan; returns seconds until the next pass."""
@@ -502,7 +580,7 @@ class JobLoop:
         raw, job, old_status, plan, now = planned.raw, planned.job, planned.old_status, planned.plan, planned.now
         self._intend(raw, plan.status)
         try:
-            patched = apply(self.api, job, old_status, plan)
+            patched, created = apply(self.api, job, old_status, plan)
         except Refused as e:
             # No retry: the job ends here; the next pass (terminal phase) removes any pod this one created.
             status, msg = failed_status(plan.status, e, now)
@@ -518,10 +596,16 @@ class JobLoop:
         made = [o for o in plan.create if o["kind"] in UNWATCHED_KINDS]
         self.made.update({f"{o['kind']}/{o['metadata']['name']}": uid for o in made})
         at = self.clock()
+        # Only what was made now: an object that existed already is shown by the index, or soon will be (a
+        # 409 read-back restores the labels it is watched by), and a Workload taken from the plan's own copy
+        # would read as not admitted.
         self.created.update(
             {
-                f"{o['kind']}/{o['metadata']['name']}": (slim_child(o), at)
-                for o in plan.create
+                f"{o['kind']}/{o['metadata']['name']}": (
+                    slim_workload(o) if o["kind"] == "Workload" else slim_child(o),
+                    at,
+                )
+                for o in created
                 if o["kind"] not in UNWATCHED_KINDS
             }
         )

@@ -16,10 +16,27 @@ from . import constants as c
 from .controller import Children, JobLoop, Loops, network_policies
 from .k8s import Kube, shared_client
 from .metrics import start_metrics_server
-from .reconcile import controller_uid, slim_child
+from .reconcile import controller_uid, slim_child, slim_workload
 
 # Every object the operator makes carries this label; its watches ask the API server for these only.
 _OURS = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
+_SELECTOR = ",".join(f"{k}={v}" for k, v in _OURS.items())
+
+
+def _job_keys(body: Mapping[str, Any], labels: Mapping[str, str], namespace: str | None) -> list[tuple[str, str]]:
+    """The (namespace, job) keys a child is indexed and routed under: the FineTuneJob its controller owner
+    reference names, so that a child whose job-name label someone edited is still found by its job (reconcile
+    then checks the owner's uid, and puts the label back), and the job its job-name label names, whose loop
+    reports it as foreign unless it controls it."""
+    ns = namespace or ""
+    keys = []
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == c.KIND and str(ref.get("apiVersion", "")).startswith(c.GROUP):
+            keys.append((ns, str(ref.get("name"))))
+    label = labels.get(c.LABEL_JOB_NAME)
+    if label is not None and (ns, label) not in keys:
+        keys.append((ns, label))
+    return keys
 
 
 class GenerationOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -52,7 +69,8 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Server-side: the API server streams only our objects. A handler's `labels=` filter alone is applied by
     # kopf after receiving every object of the kind in the cluster (or in the watched namespaces).
     for plural in ("pods", *_CHILD_INDEXES, _POLICY_INDEX[0]):
-        settings.watching.label_selectors[plural] = ",".join(f"{k}={v}" for k, v in _OURS.items())
+        settings.watching.label_selectors[plural] = _SELECTOR
+    settings.watching.label_selectors[c.KUEUE_GROUP, c.KUEUE_WORKLOADS] = _SELECTOR
     settings.queueing.idle_timeout = WORKER_IDLE_S
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
@@ -65,42 +83,62 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.index("pods", id="job_pods", labels=_OURS)
 async def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
     """(namespace, job) -> its pods, kept current by the pod watch: a pass reads them here, not by a LIST. Each
-    entry is `reconcile.slim_child` of the pod: the fields reconcile reads, not the whole body.
+    entry is `reconcile.slim_child` of the pod: the fields reconcile reads, not the whole body. A pod is listed
+    under its controller owner's job and under the job its job-name label names (`_job_keys`).
+
+    A pod whose managed-by label someone edits leaves the watch (the API server ends a label-selected watch of
+    an object that stops matching with a DELETED event). Its job then misses it and creates it again: the 409
+    is read back as the job's own and its labels are put back (k8s.Kube.create), and it re-enters the watch.
 
     The index can lag behind the operator's own writes by one watch event; the job's loop covers for it: a pod
     it just created and the index does not show yet counts as existing (JobLoop.created), and one created again
     anyway meets a 409 that is read back as its own; a pod it just deleted and still sees belongs to an older
     attempt or is deleted again (404 ignored). The status the loop works from is what the API answered to its
     own last write, or a fresh read, so restarts are never counted twice."""
-    return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): slim_child(body)}
+    slim = slim_child(body)
+    return dict.fromkeys(_job_keys(body, labels, namespace), slim)
 
 
-# The other children, by (namespace, job) -> ("Kind/name", uid of its controller owner), so a full pass makes no
-# LIST at all and reconcile can tell the job's own objects from foreign ones that merely carry its labels. Each
-# kind's watch is filtered server-side (see _configure). NetworkPolicies are indexed only when the operator makes
-# them (run_operator): otherwise its RBAC cannot watch them. Secrets are not watched at all, so the operator
-# needs no cluster-wide list/watch on Secrets: the one Secret it makes (an MPI job's SSH identity) is created
-# once per loop and a 409 read back by name (controller.JobLoop.made).
+# The other children, by (namespace, job) -> ("Kind/name", uid of its controller owner, None or, when the key is
+# its owner's but its job-name label names another job, (its uid, its labels) for reconcile to put them back), so
+# a full pass makes no LIST at all and reconcile can tell the job's own objects from foreign ones that merely
+# carry its labels. Each kind's watch is filtered server-side (see _configure). NetworkPolicies are indexed only
+# when the operator makes them (run_operator): otherwise its RBAC cannot watch them. Secrets are not watched at
+# all, so the operator needs no cluster-wide list/watch on Secrets: the one Secret it makes (an MPI job's SSH
+# identity) is created once per loop and a 409 read back by name (controller.JobLoop.made).
 _CHILD_INDEXES = {"services": "Service", "configmaps": "ConfigMap"}
 _POLICY_INDEX = ("networkpolicies", "NetworkPolicy")
 
 
 def _child_indexer(kind: str) -> Any:
     async def index(body: kopf.Body, name: str, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
-        return {(namespace or "", labels.get(c.LABEL_JOB_NAME, "")): (f"{kind}/{name}", controller_uid(body))}
+        ref, owner, label = f"{kind}/{name}", controller_uid(body), labels.get(c.LABEL_JOB_NAME)
+        meta = body.get("metadata") or {}
+        wrong = (str(meta.get("uid")), dict(labels))
+        return {key: (ref, owner, None if key[1] == label else wrong) for key in _job_keys(body, labels, namespace)}
 
     return index
 
 
-def _on_child(kind: str) -> Any:
+def _on_child(kind: str, wake_on: tuple[str, ...] = ("DELETED",)) -> Any:
     async def event(
-        type: str | None, name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any
+        type: str | None,
+        body: kopf.Body,
+        name: str,
+        labels: Mapping[str, str],
+        namespace: str | None,
+        memo: kopf.Memo,
+        **_: Any,
     ) -> None:
-        """The index now shows the child; a deletion (of it, or of a foreign object holding a child's name)
-        wakes the job, which may create it now."""
-        loop = memo.loops.get(namespace or "", labels.get(c.LABEL_JOB_NAME, ""))
-        if loop is not None:
-            loop.child_event(f"{kind}/{name}", wake=type == "DELETED")
+        """The index now shows the child; a deletion (of it, or of a foreign object holding a child's name, or
+        its managed-by label edited so that the watch lost it) wakes the job, which may create it now, and so
+        does its job-name label naming another job than its owner (reconcile puts it back)."""
+        label = labels.get(c.LABEL_JOB_NAME)
+        for key in _job_keys(body, labels, namespace):
+            loop = memo.loops.get(*key)
+            if loop is not None:
+                wake = type in wake_on or "*" in wake_on or key[1] != label
+                loop.child_event(f"{kind}/{name}", wake=wake)
 
     return event
 
@@ -110,11 +148,24 @@ for _plural, _kind in _CHILD_INDEXES.items():
     kopf.on.event(_plural, id=f"wake_{_plural}", labels=_OURS)(_on_child(_kind))
 
 
-@kopf.on.event("pods", labels=_OURS)
-async def _pod_event(name: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
-    loop = memo.loops.get(namespace or "", labels.get(c.LABEL_JOB_NAME, ""))
-    if loop is not None:
-        loop.child_event(f"Pod/{name}")
+kopf.on.event("pods", id="wake_pods", labels=_OURS)(_on_child("Pod", wake_on=("*",)))
+
+
+# Kueue Workloads (spec.runPolicy.queueName), indexed like the pods: (namespace, job) -> reconcile.slim_workload,
+# and every event on one wakes its job, so an admission or an eviction is acted on at once and a queued job costs
+# no request while nothing changes. Registered whether or not Kueue is installed: kopf resolves the resource
+# through the API's discovery at start and again whenever a CustomResourceDefinition changes (its RBAC can list
+# and watch them), so in a cluster without Kueue nothing is watched (kopf logs that workloads.kueue.x-k8s.io
+# cannot be served yet) and the watch starts once Kueue's CRDs are installed.
+@kopf.index(c.KUEUE_GROUP, c.KUEUE_VERSION, c.KUEUE_WORKLOADS, id="job_workloads", labels=_OURS)
+async def job_workloads(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
+    slim = slim_workload(body)
+    return dict.fromkeys(_job_keys(body, labels, namespace), slim)
+
+
+kopf.on.event(c.KUEUE_GROUP, c.KUEUE_VERSION, c.KUEUE_WORKLOADS, id="wake_workloads", labels=_OURS)(
+    _on_child("Workload", wake_on=("*",))
+)
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
@@ -144,8 +195,8 @@ def drop_managed_fields(body: kopf.Body) -> None:
 # kopf.run() whenever the daemon reads it. So the daemon reads them with `kwargs[id]`: a missing index would
 # be a KeyError at once, not a silent fallback (tests/unit/test_controller.py checks the registrations).
 def _index_ids(config: Mapping[str, Any]) -> list[str]:
-    """The ids of the indexes the job daemon reads: pods first, then the other children's."""
-    plurals = ["pods", *_CHILD_INDEXES, *([_POLICY_INDEX[0]] if network_policies(config) else [])]
+    """The ids of the indexes the job daemon reads: pods first, Workloads second, then the other children's."""
+    plurals = ["pods", c.KUEUE_WORKLOADS, *_CHILD_INDEXES, *([_POLICY_INDEX[0]] if network_policies(config) else [])]
     return [f"job_{plural}" for plural in plurals]
 
 
@@ -154,10 +205,17 @@ async def job_daemon(
 ) -> None:
     key = (namespace or "default", name)
     config: Mapping[str, Any] = memo.config
-    pods, *others = (kwargs[i] for i in _index_ids(config))
+    pods, workloads, *others = (kwargs[i] for i in _index_ids(config))
 
     def children() -> Children:
-        return list(pods.get(key, [])), dict(v for index in others for v in index.get(key, []))
+        objects: dict[str, str | None] = {}
+        mislabelled: dict[str, tuple[str, dict[str, str]]] = {}
+        for index in others:
+            for ref, owner, wrong in index.get(key, []):
+                objects[ref] = owner
+                if wrong is not None:
+                    mislabelled[ref] = wrong
+        return Children(list(pods.get(key, [])), objects, list(workloads.get(key, [])), mislabelled)
 
     loops: Loops = memo.loops
     # The first pass works from kopf's body of the job (as fresh as a read: it came with the watch that started

@@ -1,17 +1,25 @@
 """The only module that talks to the Kubernetes API. One written policy for absence and conflict:
 
-| call            | 404 (absent)                     | 409 (exists / conflict)                                   |
-|-----------------|----------------------------------|-----------------------------------------------------------|
-| create child    | namespace gone: error            | read it back; ours (same controller uid) -> fine; else error |
-| create child    | 400/422 (refused as invalid): `Refused`, which ends the job Failed/InvalidSpec (refusal.py) |
-| delete pod      | already gone: fine               | -                                                          |
-| delete job      | already gone: fine               | -                                                          |
-| patch status    | job deleted meanwhile: ignored   | -                                                          |
-| read pod log    | pod gone / not started: None     | -                                                          |
-| get Workload    | none yet: None                   | -                                                          |
-| get ResourceFlavor | absent: None (the job waits)  | -                                                          |
-| patch Workload status | gone: ignored              | Kueue wrote it meanwhile: ignored, the next pass re-reads |
-| post event      | errors are logged, never raised  | a repeat: count + 1 on the existing Event (aggregation)    |
+| call               | 404 (absent)                     | 409 (exists / conflict)                                 |
+|--------------------|----------------------------------|---------------------------------------------------------|
+| create child       | namespace gone: error            | read back: ours (same controller uid): fine (1), else error |
+| create child       | 400/422 (refused as invalid): `Refused`, which ends the job Failed/InvalidSpec (refusal.py) |
+| delete pod         | already gone: fine               | uid precondition failed: another pod's name now: left   |
+| delete job         | already gone: fine               | uid precondition failed: a new job of that name: left   |
+| delete Workload    | already gone: fine               | uid precondition failed: another Workload now: left     |
+| relabel child      | gone: fine                       | - (422: its uid test failed, another object now: left)  |
+| patch status       | job deleted meanwhile: ignored   | -                                                       |
+| read pod log       | pod gone / not started: None     | -                                                       |
+| get ResourceFlavor | absent: None (the job waits)     | -                                                       |
+| patch Workload status | gone: ignored                 | Kueue wrote it meanwhile: ignored (2)                   |
+| post event         | errors are logged, never raised  | a repeat: count + 1 on the existing Event (aggregation) |
+
+(1) and its identity labels put back if someone edited them (`relabel`): that is why the watches lost it.
+(2) the watch event of Kueue's write brings the next pass, which sees the Workload as it is now.
+
+Every delete and every label repair names the uid of the object it means (a delete's `preconditions.uid`, a JSON
+patch's `test` of `/metadata/uid`): a name alone could by then be another object's. Workloads are not polled:
+the operator watches them (handlers.py); one is read here only after a 409 on its create.
 
 A create refused with 403 NamespaceTerminating is skipped (logged, not raised): the namespace is being
 deleted, the job with it, and retrying cannot succeed.
@@ -28,13 +36,26 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
+from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .constants import GROUP, KUEUE_GROUP, KUEUE_RESOURCE_FLAVORS, KUEUE_VERSION, KUEUE_WORKLOADS, PLURAL, VERSION
+from .constants import (
+    GROUP,
+    KUEUE_GROUP,
+    KUEUE_RESOURCE_FLAVORS,
+    KUEUE_VERSION,
+    KUEUE_WORKLOADS,
+    LABEL_JOB_NAME,
+    LABEL_MANAGED_BY,
+    PLURAL,
+    VERSION,
+)
+from .reconcile import Relabel
 from .refusal import REFUSED_STATUSES, Refused
 
 log = logging.getLogger(__name__)
@@ -64,8 +85,13 @@ def _namespace_terminating(e: ApiException) -> bool:
 POOL_CONNECTIONS = 32
 
 
-# Repeated Events whose count is remembered (one shared client serves every job: bounded, oldest first out).
+# Repeated Events whose count is remembered (one shared client serves every job: bounded, the least recently
+# written out first; a forgotten one counts on from 2 at its next repeat).
 EVENT_COUNTS_KEPT = 4096
+
+# Kinds the operator's watches select by label (handlers.py): one met on create whose identity labels were edited
+# is invisible to them until they are put back. Secrets are not watched, so their labels are left alone.
+RELABELLED_KINDS = ("Pod", "Service", "ConfigMap", "NetworkPolicy", "Workload")
 
 
 # Where each kind lives: (API prefix, plural). Workloads are Kueue's (constants).
@@ -79,6 +105,11 @@ _PATHS = {
     "Workload": (f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}", KUEUE_WORKLOADS),
     "FineTuneJob": (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
+
+
+def _pointer(key: str) -> str:
+    """A label key as one JSON pointer segment (RFC 6901: ~ and / escaped)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _path(kind: str, ns: str, name: str | None = None, sub: str | None = None) -> str:
@@ -98,16 +129,24 @@ def shared_client() -> client.ApiClient:
 class Kube:
     def __init__(self, api: client.ApiClient | None = None):
         self.api = api or client.ApiClient()
-        self._event_counts: dict[str, int] = {}  # Event name -> count last written (see event()), bounded
+        # Event name -> count last written (see event()), at most EVENT_COUNTS_KEPT; every loop's thread posts.
+        self._event_counts: OrderedDict[str, int] = OrderedDict()
+        self._event_lock = threading.Lock()
 
     # -- requests -------------------------------------------------------------------------------------------
     def _call(
-        self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None, patch: bool = False
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        patch: bool = False,
+        content_type: str | None = None,
     ) -> bytes:
         """One request; the raw answer. A status outside 2xx raises ApiException, as the generated client does."""
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/merge-patch+json" if patch else "application/json"
+            headers["Content-Type"] = content_type or ("application/merge-patch+json" if patch else "application/json")
         req = self.api.param_serialize(
             method=method,
             resource_path=path,
@@ -148,18 +187,55 @@ class Kube:
         want = {r["uid"] for r in meta.get("ownerReferences", []) if r.get("controller")}
         have = {r["uid"] for r in existing["metadata"].get("ownerReferences") or [] if r.get("controller")}
         if want and want & have:
+            # Ours. If its identity labels were edited, the label-selected watches lost it (that is why it was
+            # created again): put them back, so that it re-enters the watch and the job sees it again.
+            labels = existing["metadata"].get("labels") or {}
+            identity = {k: meta["labels"][k] for k in (LABEL_MANAGED_BY, LABEL_JOB_NAME) if k in meta.get("labels", {})}
+            if kind in RELABELLED_KINDS and any(labels.get(k) != v for k, v in identity.items()):
+                log.info("%s %s/%s: restoring its edited labels %s", kind, meta["namespace"], meta["name"], identity)
+                self.relabel(
+                    meta["namespace"], Relabel(kind, meta["name"], existing["metadata"]["uid"], labels, identity)
+                )
             return False
         raise ForeignObject(
             f"{kind} {meta['namespace']}/{meta['name']} exists but is not controlled by this FineTuneJob; "
             f"delete it or rename the job"
         )
 
-    def delete_pod(self, ns: str, name: str) -> None:
+    def _delete(self, kind: str, ns: str, name: str, uid: str, **options: Any) -> None:
+        """DELETE with `preconditions.uid`: only that object, never another that took its name since."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}, **options}
         try:
-            self._call("DELETE", _path("Pod", ns, name), query={"gracePeriodSeconds": 30})
+            self._call("DELETE", _path(kind, ns, name), body)
         except ApiException as e:
-            if e.status != 404:
+            if e.status == 409:
+                log.info("%s %s/%s is no longer uid %s: not deleted; the next pass sees it", kind, ns, name, uid)
+            elif e.status != 404:
                 raise
+
+    def delete_pod(self, ns: str, name: str, uid: str) -> None:
+        self._delete("Pod", ns, name, uid, gracePeriodSeconds=30)
+
+    def relabel(self, ns: str, change: Relabel) -> None:
+        """Puts a child's identity labels back (JSON patch): only if it is still the object of that uid (a
+        `test` op, which fails with 422 otherwise), adding only the labels that differ."""
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": change.uid}]
+        if change.labels:
+            ops += [
+                {"op": "add", "path": "/metadata/labels/" + _pointer(k), "value": v}
+                for k, v in change.want.items()
+                if change.labels.get(k) != v
+            ]
+        else:
+            ops.append({"op": "add", "path": "/metadata/labels", "value": dict(change.want)})
+        try:
+            self._call("PATCH", _path(change.kind, ns, change.name), ops, content_type="application/json-patch+json")
+        except ApiException as e:
+            if e.status not in (404, 422):
+                raise
+            log.info(
+                "%s %s/%s not relabelled (%s): gone, or another object now", change.kind, ns, change.name, e.status
+            )
 
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None:
         try:
@@ -172,13 +248,8 @@ class Kube:
             raise
 
     # -- Kueue ------------------------------------------------------------------------------------------------
-    def get_workload(self, ns: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._read("Workload", ns, name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+    def delete_workload(self, ns: str, name: str, uid: str) -> None:
+        self._delete("Workload", ns, name, uid)
 
     def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
         try:
@@ -196,7 +267,7 @@ class Kube:
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
-            log.info("Workload %s/%s status not patched (%s); the next pass re-reads it", ns, name, e.status)
+            log.info("Workload %s/%s status not patched (%s); its watch event brings the next pass", ns, name, e.status)
 
     # -- the job ----------------------------------------------------------------------------------------------
     def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
@@ -221,12 +292,8 @@ class Kube:
                 raise
             return None
 
-    def delete_job(self, ns: str, name: str) -> None:
-        try:
-            self._call("DELETE", _path("FineTuneJob", ns, name), {"propagationPolicy": "Background"})
-        except ApiException as e:
-            if e.status != 404:
-                raise
+    def delete_job(self, ns: str, name: str, uid: str) -> None:
+        self._delete("FineTuneJob", ns, name, uid, propagationPolicy="Background")
 
     def event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
         """Post an Event on the job. A repeat (same job, type, reason and message) bumps the existing Event's
@@ -264,8 +331,16 @@ class Kube:
             except ApiException as e:
                 if e.status != 409:
                     raise
-                count = self._event_counts.get(name, 1) + 1
+                with self._event_lock:
+                    count = self._event_counts.get(name, 1) + 1
                 self._call("PATCH", _path("Event", ns, name), {"count": count, "lastTimestamp": now}, patch=True)
-                self._event_counts[name] = count
+                self._remember_count(name, count)
         except ApiException as e:  # events are best effort: never fail a reconcile on them
             log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)
+
+    def _remember_count(self, name: str, count: int) -> None:
+        with self._event_lock:
+            self._event_counts[name] = count
+            self._event_counts.move_to_end(name)
+            while len(self._event_counts) > EVENT_COUNTS_KEPT:
+                self._event_counts.popitem(last=False)

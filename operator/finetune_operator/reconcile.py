@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from . import cachereport, policy
@@ -42,32 +42,61 @@ _WAITING_ERRORS = (
 class Plan:
     create: list[dict[str, Any]] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
+    # name -> uid of each pod in delete_pods that the indexes showed: the delete carries it as its precondition,
+    # so it can never remove another pod that took the name since. A pod this loop created and no watch event
+    # has shown yet has no uid here and is deleted by the pass its watch event wakes.
+    pod_uids: dict[str, str] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
     delete_job: bool = False
     requeue_after: float | None = None  # seconds until a time-based transition (deadline, TTL)
     # A merge patch of the Kueue Workload's status (with metadata.resourceVersion, so a concurrent write by
     # Kueue makes it a 409 instead of being overwritten): Finished when the job ends, the quota released
-    # after an eviction.
+    # after an eviction, PodsReady while admitted.
     workload_status: dict[str, Any] | None = None
+    # The uid of the job's own Workload to delete: spec.runPolicy.queueName was removed, and a Workload left
+    # behind could be admitted later and hold quota for a job that no longer waits for it.
+    delete_workload: str | None = None
+    # Children the job controls whose identity labels (IDENTITY_LABELS) are not the job's: someone edited them.
+    # Each is patched back (uid-checked) so the watches and the job's Service select it again.
+    relabel: list[Relabel] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Relabel:
+    """Restore a child's identity labels: `labels` (its current ones, from the index or a read-back) decide the
+    patch; `uid` makes it apply to that very object only."""
+
+    kind: str
+    name: str
+    uid: str
+    labels: Mapping[str, str]
+    want: Mapping[str, str]
 
 
 @dataclass(frozen=True)
 class Observed:
-    pods: list[dict[str, Any]]  # pods labelled with the job's name, whoever controls them
-    # "Kind/name" of the objects labelled with the job's name (Service, ConfigMap, NetworkPolicy, and the SSH
-    # Secret once the loop made it) -> the uid of their controller owner (None: no controller).
+    # Pods labelled with the job's name, whoever controls them, and pods the job controls whatever their labels
+    # say (the indexes key a child by its controller owner as well: handlers.py).
+    pods: list[dict[str, Any]]
+    # "Kind/name" of the objects labelled with the job's name or controlled by it (Service, ConfigMap,
+    # NetworkPolicy, and the SSH Secret once the loop made it) -> the uid of their controller owner (None: no
+    # controller).
     objects: Mapping[str, str | None]
     now: datetime
     progress: dict[str, Any] | None = None  # newest progress from rank 0's log, if read
     # Makes the job's SSH identity (MPI). Called only when the job's Secret must be created: the Secret is
     # immutable and made once, so no other pass pays for a key pair it would throw away.
     ssh_keys: Callable[[], SshKeys] | None = None
-    # The job's Kueue Workload when spec.runPolicy.queueName is set and it exists (read fresh every pass).
+    # The Workload named like the job, when the Workload index holds one (`slim_workload`), queued or not: a
+    # job whose queueName was removed deletes its own.
     workload: dict[str, Any] | None = None
     # While that Workload is admitted: the ResourceFlavors its admission names (`admitted_flavors()`), by name,
     # those that could be read. Their nodeLabels and tolerations go onto the pods (builders.flavors).
     flavors: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    # "Kind/name" -> (uid, labels) of the `objects` found under the job's key by their controller owner whose
+    # job-name label names another job (or none): relabelled when they turn out to be the job's own.
+    mislabelled: Mapping[str, tuple[str, Mapping[str, str]]] = field(default_factory=dict)
 
 
 def iso(t: datetime) -> str:
@@ -105,15 +134,17 @@ def controller_uid(obj: Mapping[str, Any]) -> str | None:
 
 def slim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What reconcile reads of a child, and no more: the watch-fed pod index holds this instead of whole pod
-    bodies (specs, managed fields, volumes), which were most of the operator's memory per job. Name, labels,
-    controller owner, deletion mark; the pod's phase, reason, message, PodScheduled condition and each
-    container's name and state (running / waiting / terminated with exit code, reason and message)."""
+    bodies (specs, managed fields, volumes), which were most of the operator's memory per job. Name, uid
+    (deletes and label repairs carry it as their precondition), labels, controller owner, deletion mark; the
+    pod's phase, reason, message, PodScheduled and Ready conditions and each container's name and state
+    (running / waiting / terminated with exit code, reason and message)."""
     meta = obj.get("metadata") or {}
     st = obj.get("status") or {}
     out: dict[str, Any] = {
         "kind": obj.get("kind", "Pod"),
         "metadata": {
             "name": meta.get("name"),
+            **({"uid": meta["uid"]} if meta.get("uid") else {}),
             "labels": dict(meta.get("labels") or {}),
             "ownerReferences": [
                 {"uid": r.get("uid"), "controller": True}
@@ -128,7 +159,7 @@ def slim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
     scheduled = [
         {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
         for c in st.get("conditions") or []
-        if c.get("type") == "PodScheduled"
+        if c.get("type") in ("PodScheduled", "Ready")
     ]
     if scheduled:
         status["conditions"] = scheduled
@@ -143,6 +174,45 @@ def slim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
 def _slim_state(state: Mapping[str, Any]) -> dict[str, Any]:
     keep = {"running": (), "waiting": ("reason", "message"), "terminated": ("exitCode", "reason", "message")}
     return {k: {f: v[f] for f in keep[k] if f in v} for k, v in state.items() if k in keep and v is not None}
+
+
+def slim_workload(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What reconcile reads of a Kueue Workload, as the Workload index holds it: its identity (name, uid,
+    resourceVersion and generation for the status patches, labels, controller owner, deletion mark) and its
+    whole status conditions and admission (a status patch replaces the conditions list, so it is built from
+    every condition Kueue set). Not its pod sets: those are the job's own, built again when needed."""
+    out = slim_child(obj)
+    meta = obj.get("metadata") or {}
+    out["metadata"].update({k: meta[k] for k in ("resourceVersion", "generation") if k in meta})
+    st = obj.get("status") or {}
+    out["status"] = {k: st[k] for k in ("conditions", "admission") if st.get(k) is not None}
+    return out
+
+
+def identity_labels(job_name: str) -> dict[str, str]:
+    """The labels the operator's watches select its children by (managed-by) and its indexes and the job's
+    Service key them by (job-name)."""
+    return {c.LABEL_MANAGED_BY: c.MANAGED_BY, c.LABEL_JOB_NAME: job_name}
+
+
+def mislabelled(obj: Mapping[str, Any], job_name: str) -> bool:
+    """Whether one of the child's identity labels was edited away from the job's."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return any(labels.get(k) != v for k, v in identity_labels(job_name).items())
+
+
+# Waits the spec asks for (activeDeadlineSeconds, ttlSecondsAfterFinished) are capped here before any arithmetic:
+# a datetime plus the spec's number overflows past year 9999, and float() of a large enough int raises too. A
+# wait this long (over 30,000 years) is forever in practice; the loop looks again at least every minute anyway.
+FOREVER_S = 10**12
+
+
+def seconds_left(since: datetime, seconds: int | float, now: datetime) -> float:
+    """Seconds from `now` until `seconds` after `since`; 0 once that time has come. Safe for any number."""
+    elapsed = (now - since).total_seconds()
+    if seconds <= elapsed:
+        return 0.0
+    return float(min(seconds, FOREVER_S)) - elapsed
 
 
 @dataclass(frozen=True)
@@ -334,6 +404,9 @@ class Pass:
     def delete(self, pods: list[dict[str, Any]]) -> None:
         names = self.plan.delete_pods
         names += [p["metadata"]["name"] for p in pods if p["metadata"]["name"] not in names]
+        self.plan.pod_uids.update(
+            {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods if p["metadata"].get("uid")}
+        )
 
     def transition(self, phase: str, reason: str, message: str) -> None:
         _transition(self.plan, self.old_phase, phase, reason, message)
@@ -356,27 +429,33 @@ class Pass:
         self.finish_workload(phase, message)
         ttl = self.run_policy.get("ttlSecondsAfterFinished")
         if ttl is not None:
-            self.plan.requeue_after = float(ttl)
+            self.plan.requeue_after = seconds_left(now, ttl, now)
         return self.plan
 
     def finish_workload(self, phase: str, message: str) -> None:
         """Kueue releases a Workload's quota once it is Finished: set when the job ends (and again on later
         passes until it shows, should the first patch have met a concurrent write)."""
-        wl = self.observed.workload
-        if wl is None or _wl_condition(wl, "Finished"):
-            return
-        conds = [dict(x) for x in (wl.get("status") or {}).get("conditions") or [] if x.get("type") != "Finished"]
-        conds.append(
-            {
-                "type": "Finished",
-                "status": "True",
-                "reason": phase,
-                "message": message[:1000],
-                "lastTransitionTime": iso(self.now),
-                "observedGeneration": wl["metadata"].get("generation", 1),
-            }
-        )
-        self.plan.workload_status = _wl_patch(wl, {"conditions": conds})
+        patch = finished_workload(self.observed.workload, phase, message, self.now)
+        if patch is not None:
+            self.plan.workload_status = patch
+
+
+def finished_workload(wl: dict[str, Any] | None, phase: str, message: str, now: datetime) -> dict[str, Any] | None:
+    """The status patch that marks `wl` Finished (None when there is none, or it already is)."""
+    if wl is None or _wl_condition(wl, "Finished"):
+        return None
+    conds = [dict(x) for x in (wl.get("status") or {}).get("conditions") or [] if x.get("type") != "Finished"]
+    conds.append(
+        {
+            "type": "Finished",
+            "status": "True",
+            "reason": phase,
+            "message": message[:1000],
+            "lastTransitionTime": iso(now),
+            "observedGeneration": wl["metadata"].get("generation", 1),
+        }
+    )
+    return _wl_patch(wl, {"conditions": conds})
 
 
 # Each phase returns the pass's plan when it decides the outcome, or None to pass on to the next phase.
@@ -392,11 +471,11 @@ def terminal(p: Pass) -> Plan | None:
     ttl = p.run_policy.get("ttlSecondsAfterFinished")
     done_at = parse_time(p.status.get("completionTime"))
     if ttl is not None and done_at is not None:
-        due = done_at + timedelta(seconds=int(ttl))
-        if p.now >= due:
+        left = seconds_left(done_at, ttl, p.now)
+        if left <= 0:
             p.plan.delete_job = True
         else:
-            p.plan.requeue_after = (due - p.now).total_seconds()
+            p.plan.requeue_after = left
     return p.plan
 
 
@@ -438,8 +517,9 @@ def _wl_patch(wl: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {"resourceVersion": wl["metadata"].get("resourceVersion")}, "status": status}
 
 
-# While queued, the Workload is read again this often (a GET per pass): Kueue's admission wakes nothing here.
-QUEUED_POLL_S = 3.0
+# While an admitted job's ResourceFlavor cannot be read, it is read again this often (flavors are not watched;
+# the Workload is, so its admission or eviction wakes the job at once).
+FLAVOR_POLL_S = 3.0
 
 
 def _queue_message(wl: dict[str, Any] | None, queue: str) -> str:
@@ -491,7 +571,7 @@ def admitted(p: Pass, wl: dict[str, Any], queue: str) -> Plan | None:
         # Nothing is created or deleted meanwhile; a job already past its queue keeps its phase.
         phase = p.old_phase if p.old_phase and p.old_phase != "Queued" else "Pending"
         p.transition(phase, "FlavorNotFound", msg)
-        p.plan.requeue_after = QUEUED_POLL_S
+        p.plan.requeue_after = FLAVOR_POLL_S
         return p.plan
     p.placements = placements(admission, p.observed.flavors)
     roles = (c.ROLE_WORKER, c.ROLE_LAUNCHER) if p.layout.launcher == "mpi" else (c.ROLE_RANK,)
@@ -518,6 +598,10 @@ def admitted(p: Pass, wl: dict[str, Any], queue: str) -> Plan | None:
     return None
 
 
+def _own_workload(p: Pass, wl: dict[str, Any]) -> bool:
+    return controller_uid(wl) == str(owner_reference(p.job)["uid"])
+
+
 def queued(p: Pass) -> Plan | None:
     """spec.runPolicy.queueName: the job's pods exist only while Kueue admits its Workload. The Workload is
     created first; until it is admitted (or after Kueue evicts it) the job is Queued with Kueue's reason and
@@ -525,12 +609,17 @@ def queued(p: Pass) -> Plan | None:
     Kueue can queue it again, as Kueue's own job integrations do. Group restarts keep the admission: the
     Workload is the job's, not its pods'."""
     queue = p.run_policy.get("queueName")
-    if not queue:
-        return None
     st, now, wl = p.status, p.now, p.observed.workload
-    if wl is not None and controller_uid(wl) != owner_reference(p.job)["uid"]:
+    if not queue:
+        # The queue was removed (admission allows it only before admission): the job's own Workload goes, else
+        # Kueue could admit it later and hold quota for a job that no longer waits for it. By uid: only that one.
+        if wl is not None and _own_workload(p, wl) and not wl["metadata"].get("deletionTimestamp"):
+            p.plan.delete_workload = wl["metadata"].get("uid")
+        return None
+    if wl is not None and not _own_workload(p, wl):
         # Not ours (labels and names never prove it): e.g. the Workload of a deleted job of the same name that
-        # the garbage collector has not removed yet. Wait without reading its admission.
+        # the garbage collector has not removed yet. Wait without reading its admission; its deletion is a watch
+        # event that wakes the job.
         p.delete(p.live)
         msg = (
             f"Workload {wl['metadata']['name']} exists but is not controlled by this job; waiting for it to go "
@@ -538,7 +627,6 @@ def queued(p: Pass) -> Plan | None:
         )
         p.transition("Queued", "ForeignWorkload", msg)
         set_condition(st, "Queued", True, "ForeignWorkload", msg, now)
-        p.plan.requeue_after = QUEUED_POLL_S
         return p.plan
     evicted = _wl_condition(wl, "Evicted") if wl else None
     if wl is not None and _wl_condition(wl, "Admitted") and not evicted:
@@ -546,6 +634,11 @@ def queued(p: Pass) -> Plan | None:
     if wl is None:
         pods = desired(p.job, images=p.config.get("images"), attempt=p.attempt).pods
         p.plan.create.append(build_workload(p.job, p.layout, p.names, pods))
+        if p.old_phase not in (None, "Queued"):
+            # A job past its queue whose Workload the index does not show: deleted by someone, or its labels
+            # edited so that the watch lost it (the create's 409 restores them). Its pods stay until a Workload
+            # is seen and not admitted.
+            return p.plan
     p.delete(p.live)
     if wl is not None and evicted and not p.pods and (wl.get("status") or {}).get("admission"):
         conds = [
@@ -574,7 +667,6 @@ def queued(p: Pass) -> Plan | None:
     set_condition(st, "Running", False, "Queued", msg, now)
     st.pop("startTime", None)  # activeDeadlineSeconds counts from admission, not from the queue
     st["ranks"] = {"ready": 0, "total": p.layout.nodes}
-    p.plan.requeue_after = QUEUED_POLL_S
     return p.plan
 
 
@@ -584,11 +676,11 @@ def deadline(p: Pass) -> Plan | None:
     start = parse_time(p.status.get("startTime"))
     if limit is None or start is None:
         return None
-    due = start + timedelta(seconds=int(limit))
-    if p.now >= due:
+    left = seconds_left(start, limit, p.now)
+    if left <= 0:
         msg = f"job ran longer than spec.runPolicy.activeDeadlineSeconds={limit}"
         return p.finish("Failed", "DeadlineExceeded", msg)
-    p.plan.requeue_after = (due - p.now).total_seconds()
+    p.plan.requeue_after = left
     return None
 
 
@@ -719,6 +811,73 @@ def converge(p: Pass) -> Plan:
     return p.plan
 
 
+# Kueue's PodsReady condition on the Workload (its reasons and messages, as its own job integrations set them in
+# jobframework's generatePodsReadyCondition): with Kueue's waitForPodsReady on, an admitted Workload without
+# PodsReady=True within the timeout is evicted and requeued, and one whose PodsReady turns False after it was
+# True is evicted once the recovery timeout passes.
+PODS_READY = "PodsReady"
+READY_MSG = "All pods reached readiness and the workload is running"
+NOT_READY_MSG = "Not all pods are ready or succeeded"
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    """Ready as Kueue counts it: the pod's Ready condition is True, or it has succeeded."""
+    if _phase(pod) == "Succeeded":
+        return True
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(x.get("type") == "Ready" and x.get("status") == "True" for x in conds)
+
+
+def _condition(wl: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    """The Workload's condition `ctype`, whatever its status."""
+    return next((dict(x) for x in (wl.get("status") or {}).get("conditions") or [] if x.get("type") == ctype), None)
+
+
+def pods_ready(p: Pass) -> None:
+    """After the deciding phase: the PodsReady condition of the job's own admitted Workload follows its pods.
+    True once every pod of the current attempt is Ready (or has succeeded) and none is being deleted; False
+    with reason WaitForRecovery once it was True and a group restart (or a lost pod) takes pods away, and
+    WaitForStart before the first time (and again once the Workload is no longer admitted). Written only when
+    its status or reason changes (Kueue treats no condition as WaitForStart); a finished job's Workload is
+    Finished instead."""
+    wl, plan = p.observed.workload, p.plan
+    if wl is None or not p.run_policy.get("queueName") or not _own_workload(p, wl):
+        return
+    if plan.status.get("phase") in TERMINAL or _wl_condition(wl, "Finished"):
+        return
+    old = _condition(wl, PODS_READY)
+    if not _wl_condition(wl, "Admitted") or _wl_condition(wl, "Evicted"):
+        new = ("False", "WaitForStart", NOT_READY_MSG)
+    else:
+        pods = p.layout.nodes + (1 if p.layout.launcher == "mpi" else 0)
+        going = set(plan.delete_pods)
+        current = [pod for pod in p.current if pod["metadata"]["name"] not in going]
+        if len(current) == pods and all(_pod_ready(pod) for pod in current):
+            recovering = old is not None and old.get("reason") in ("WaitForRecovery", "Recovered")
+            new = ("True", "Recovered" if recovering else "Started", READY_MSG)
+        elif old is not None and (old.get("status") == "True" or old.get("reason") == "WaitForRecovery"):
+            msg = f"waiting for the pods of attempt {plan.status.get('restartCount', p.attempt)} to be ready"
+            new = ("False", "WaitForRecovery", msg)
+        else:
+            new = ("False", "WaitForStart", NOT_READY_MSG)
+    have = (old.get("status"), old.get("reason")) if old else ("False", "WaitForStart")
+    if have == new[:2]:
+        return  # unchanged (no condition at all counts as WaitForStart for Kueue, as it does here)
+    cond = {
+        "type": PODS_READY,
+        "status": new[0],
+        "reason": new[1],
+        "message": new[2],
+        "lastTransitionTime": iso(p.now),
+        "observedGeneration": wl["metadata"].get("generation", 1),
+    }
+    if plan.workload_status is None:
+        conds = [dict(x) for x in (wl.get("status") or {}).get("conditions") or []]
+        plan.workload_status = _wl_patch(wl, {"conditions": conds})
+    conds = plan.workload_status["status"].setdefault("conditions", [])
+    conds[:] = [x for x in conds if x.get("type") != PODS_READY] + [cond]
+
+
 # In order: the first phase that returns a plan ends the pass; converge always does.
 PHASES: tuple[Phase, ...] = (terminal, allowlists, suspended, queued, deadline, group_failure, success)
 
@@ -738,6 +897,7 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
     pods, objects, foreign = owned(owner_reference(job)["uid"], observed)  # the uid its children carry
     report_foreign(st, foreign, observed.now)
     live = [pod for pod in pods if not _deleting(pod)]
+    plan.relabel = relabels(job, live, objects, observed)
     _record_compile_cache(plan, Names.of(job, layout.launcher), layout, attempt, live)
     return Pass(
         job=job,
@@ -755,6 +915,30 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
         current=[pod for pod in live if _attempt(pod) == attempt],
         stale=[pod for pod in live if _attempt(pod) != attempt],
     )
+
+
+def relabels(
+    job: dict[str, Any], live: list[dict[str, Any]], objects: frozenset[str], observed: Observed
+) -> list[Relabel]:
+    """The job's own children whose identity labels someone edited: they are found by their controller owner
+    (the indexes key children by it as well), and put back under the job's labels so that its Service selects
+    its pods again and no other job's index lists them."""
+    name = job["metadata"]["name"]
+    want = identity_labels(name)
+    out = [
+        Relabel("Pod", pod["metadata"]["name"], pod["metadata"]["uid"], pod["metadata"].get("labels") or {}, want)
+        for pod in live
+        if pod["metadata"].get("uid") and mislabelled(pod, name)
+    ]
+    for ref, (uid, labels) in sorted(observed.mislabelled.items()):
+        if ref in objects:
+            kind, _, child = ref.partition("/")
+            out.append(Relabel(kind, child, uid, labels, want))
+    wl = observed.workload
+    owner = owner_reference(job)["uid"]
+    if wl is not None and controller_uid(wl) == owner and wl["metadata"].get("uid") and mislabelled(wl, name):
+        out.append(Relabel("Workload", wl["metadata"]["name"], wl["metadata"]["uid"], wl["metadata"]["labels"], want))
+    return out
 
 
 def _record_compile_cache(plan: Plan, names: Names, layout: Layout, attempt: int, live: list[dict[str, Any]]) -> None:
@@ -776,7 +960,40 @@ def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any]
     is built only by the converge phase: finished, suspended and failing jobs never pay for it."""
     p = begin(job, observed, config)
     for phase in PHASES:
-        decided = phase(p)
-        if decided is not None:
-            return decided
-    return converge(p)
+        if phase(p) is not None:
+            break
+    else:
+        converge(p)
+    pods_ready(p)
+    return p.plan
+
+
+INVALID_SPEC = "InvalidSpec"  # refusal.REASON too
+
+
+def wind_down(job: dict[str, Any], observed: Observed, message: str) -> Plan:
+    """A job that cannot be reconciled: its spec fails validation (stored before a CRD upgrade) or reconcile
+    raised on its content. It ends Failed with reason InvalidSpec and `message` (a job already finished keeps
+    its phase), reading nothing of its spec: its own pods that still run are deleted and its own Workload is
+    marked Finished, so that it holds no quota."""
+    old = job.get("status") or {}
+    plan = Plan(status=copy.deepcopy(old))
+    st, now = plan.status, observed.now
+    message = message[:2000]
+    if old.get("phase") not in TERMINAL:
+        _transition(plan, old.get("phase"), "Failed", INVALID_SPEC, message)
+        st["completionTime"] = iso(now)
+        set_condition(st, "Running", False, INVALID_SPEC, message, now)
+        set_condition(st, "Failed", True, INVALID_SPEC, message, now)
+    uid = str(job["metadata"].get("uid"))
+    running = [
+        pod
+        for pod in observed.pods
+        if controller_uid(pod) == uid and not _deleting(pod) and _phase(pod) not in TERMINAL
+    ]
+    plan.delete_pods = [pod["metadata"]["name"] for pod in running]
+    plan.pod_uids = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in running if pod["metadata"].get("uid")}
+    wl = observed.workload
+    if wl is not None and controller_uid(wl) == uid:
+        plan.workload_status = finished_workload(wl, str(st.get("phase") or "Failed"), str(st.get("message")), now)
+    return plan

@@ -17,14 +17,15 @@ from finetune_operator import profiles
 NAMESPACED_VERBS: dict[tuple[str, str], set[str]] = {
     ("finetune.dev", "finetunejobs"): {"get", "list", "watch", "patch", "delete"},
     ("finetune.dev", "finetunejobs/status"): {"patch"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
     ("", "pods/log"): {"get"},
-    ("", "services"): {"get", "list", "watch", "create"},
-    ("", "configmaps"): {"get", "list", "watch", "create"},
+    ("", "services"): {"get", "list", "watch", "create", "patch"},  # patch: identity labels put back (k8s.relabel)
+    ("", "configmaps"): {"get", "list", "watch", "create", "patch"},
     ("", "secrets"): {"get", "create"},  # never list/watch: the operator cannot enumerate Secrets
     ("", "events"): {"create", "patch"},
-    # Kueue: the Workload of a queued job (k8s.Kube.create/get_workload/patch_workload_status).
-    ("kueue.x-k8s.io", "workloads"): {"get", "create"},
+    # Kueue: the Workload of a queued job (watched by handlers.job_workloads; k8s.Kube.create/relabel/
+    # delete_workload/patch_workload_status).
+    ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch", "create", "patch", "delete"},
     ("kueue.x-k8s.io", "workloads/status"): {"patch"},
 }
 CRD_READ: dict[tuple[str, str], set[str]] = {
@@ -298,7 +299,7 @@ def test_network_policy_is_made_per_job_by_the_operator(render: Renderer) -> Non
             {
                 "apiGroups": ["networking.k8s.io"],
                 "resources": ["networkpolicies"],
-                "verbs": ["get", "list", "watch", "create"],
+                "verbs": ["get", "list", "watch", "create", "patch"],
             }
         ]
 

@@ -8,6 +8,7 @@ admits it (docs/operator.md, "Kueue"). Pod status comes from the test Kubelet, a
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from ftjobs import load_sample
 from kubernetes import client
 from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, status, two_rank_job
 
+from finetune_operator.controller import IDLE_REQUEUE_S
 from ftjob_cluster.kueue import KueueProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +211,7 @@ def test_deleting_a_queued_job_leaves_nothing_behind(
         ns = namespace
         kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("holder", queue)))
         wait_for(lambda: admitted(kube_api, ns, "holder"), timeout=120, message="holder admitted")
-        # Its pods come at the operator's next look at the Workload (reconcile.QUEUED_POLL_S).
+        # Its pods come with the pass that the admission's watch event wakes.
         wait_for(lambda: len(kubelet.live_pods("holder")) == 2, timeout=60, message="holder's pods")
         kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("waiting", queue)))
         wait_for(
@@ -441,10 +443,12 @@ def test_a_deactivated_workload_evicts_the_job_which_starts_again_when_reactivat
             "-p",
             '{"spec": {"active": false}}',
         )
+        # Acted on by the pass that the Workload's watch event wakes, well before the idle safety-net pass (a
+        # running job's only timer) could have noticed: the pods are stopped and the job is Queued.
         st = wait_for(
             lambda: (s := status(kube_api, ns, "evicted")).get("phase") == "Queued" and s,
-            timeout=120,
-            message="evicted Queued",
+            timeout=IDLE_REQUEUE_S / 3,
+            message="evicted Queued, from the Workload's watch event",
         )
         assert "deactivated" in st["message"], st  # type: ignore[index]
         wait_for(lambda: kubelet.pods("evicted") == [], timeout=120, message="evicted's pods gone")
@@ -494,3 +498,204 @@ def test_a_deactivated_workload_evicts_the_job_which_starts_again_when_reactivat
         assert st["phase"] in ("Pending", "Running") and st["restartCount"] == 0
         assert {c["type"]: c["status"] for c in st["conditions"]}["Queued"] == "False"
         assert workload(kube_api, ns, "evicted")["metadata"]["uid"] == uid  # type: ignore[index]
+
+
+# Kueue's waitForPodsReady timeout in the test below: short, so that a job never marked PodsReady is evicted
+# while the test watches (it was, in a loop, before the operator set the condition).
+PODS_READY_TIMEOUT_S = 20
+
+
+@contextlib.contextmanager
+def kueue_waiting_for_pods_ready(kueue: KueueProcess) -> Iterator[None]:
+    """Kueue restarted with waitForPodsReady on for the body, and back as it was afterwards."""
+    kueue.stop()
+    kueue.wait_for_pods_ready = f"{PODS_READY_TIMEOUT_S}s"
+    try:
+        kueue.start()
+        yield
+    finally:
+        kueue.stop()
+        kueue.wait_for_pods_ready = None
+        kueue.start()
+
+
+def never_evicted(api: client.ApiClient, ns: str, name: str, until: float) -> bool:
+    """True once `until` (monotonic) has passed; fails at once if the Workload was evicted meanwhile."""
+    evicted = condition(workload(api, ns, name), "Evicted")
+    assert not evicted or evicted["status"] != "True", f"Workload {name} evicted: {evicted}"
+    return time.monotonic() > until
+
+
+def pods_ready(api: client.ApiClient, ns: str, name: str) -> tuple[str, str] | None:
+    cond = condition(workload(api, ns, name), "PodsReady")
+    return (cond["status"], cond["reason"]) if cond else None
+
+
+def test_with_wait_for_pods_ready_a_job_is_pods_ready_restarts_and_succeeds_without_eviction(
+    queue: str,
+    kueue: KueueProcess,
+    kubectl: Any,
+    kube_api: client.ApiClient,
+    kubelet: Kubelet,
+    namespace: str,
+    wait_for: Any,
+    explain: Any,
+) -> None:
+    """Kueue's all-or-nothing setting evicts an admitted Workload that is not PodsReady within the timeout. The
+    operator sets PodsReady as Kueue's own integrations do: True (Started) once every rank pod is Ready, False
+    (WaitForRecovery) during a group restart, True (Recovered) again; the job runs to success, never evicted."""
+    with kueue_waiting_for_pods_ready(kueue), explain():
+        ns = namespace
+        kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(queued_job("steady", queue)))
+        wl = wait_for(lambda: admitted(kube_api, ns, "steady"), timeout=120, message="steady admitted")
+        uid = wl["metadata"]["uid"]  # type: ignore[index]
+        past_timeout = time.monotonic() + PODS_READY_TIMEOUT_S + 10
+        wait_for(lambda: len(kubelet.live_pods("steady")) == 2, timeout=60, message="steady's pods")
+        for p in kubelet.live_pods("steady"):
+            kubelet.set_status(p.metadata.name, "Running")
+        wait_for(
+            lambda: pods_ready(kube_api, ns, "steady") == ("True", "Started"),
+            timeout=60,
+            message="PodsReady=True (Started) on the Workload",
+        )
+        wait_for(
+            lambda: never_evicted(kube_api, ns, "steady", past_timeout),
+            timeout=PODS_READY_TIMEOUT_S + 60,
+            message="the PodsReady timeout passed without an eviction",
+        )
+        # A rank fails: the group restarts, PodsReady is False until the new attempt's pods are Ready.
+        kubelet.set_status("steady-rank-1", "Failed", exit_code=1, message="boom")
+        wait_for(
+            lambda: pods_ready(kube_api, ns, "steady") == ("False", "WaitForRecovery"),
+            timeout=60,
+            message="PodsReady=False (WaitForRecovery) during the group restart",
+        )
+        pods = wait_for(
+            lambda: (
+                len(ps := [p for p in kubelet.live_pods("steady") if p.metadata.labels["finetune.dev/attempt"] == "1"])
+                == 2
+                and ps
+            ),
+            timeout=60,
+            message="attempt 1's pods",
+        )
+        for p in pods:  # type: ignore[union-attr]
+            kubelet.set_status(p.metadata.name, "Running")
+        wait_for(
+            lambda: pods_ready(kube_api, ns, "steady") == ("True", "Recovered"),
+            timeout=60,
+            message="PodsReady=True (Recovered)",
+        )
+        for p in pods:  # type: ignore[union-attr]
+            kubelet.set_status(p.metadata.name, "Succeeded", exit_code=0, reason="Completed")
+        wait_for(lambda: status(kube_api, ns, "steady").get("phase") == "Succeeded", timeout=60, message="Succeeded")
+        wl = wait_for(
+            lambda: (
+                (w := workload(kube_api, ns, "steady"))
+                and (condition(w, "Finished") or {}).get("status") == "True"
+                and w
+            ),
+            timeout=60,
+            message="steady's Workload Finished",
+        )
+        assert wl["metadata"]["uid"] == uid and (condition(wl, "Evicted") or {}).get("status") != "True"  # type: ignore[index]
+        assert status(kube_api, ns, "steady")["restartCount"] == 1
+
+
+def test_removing_the_queue_name_deletes_the_waiting_workload_and_the_job_runs_unqueued(
+    queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str, wait_for: Any, explain: Any
+) -> None:
+    """A job that no quota admits (4 pods of 2 CPUs against 6) has its queueName removed while waiting: its
+    Workload goes, so Kueue can never admit it later and hold quota for a job that no longer waits for it."""
+    with explain():
+        ns = namespace
+        big = queued_job("big", queue)
+        big["spec"]["hardware"]["nodes"] = 4
+        kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(big))
+        wait_for(
+            lambda: (
+                status(kube_api, ns, "big").get("phase") == "Queued"
+                and (condition(w := workload(kube_api, ns, "big"), "QuotaReserved") or {}).get("status") == "False"
+                and w
+            ),
+            timeout=120,
+            message="big Queued, its Workload pending",
+        )
+        kubectl(
+            "patch",
+            "-n",
+            ns,
+            "ftj",
+            "big",
+            "--type=json",
+            "-p",
+            '[{"op": "remove", "path": "/spec/runPolicy/queueName"}]',
+        )
+        wait_for(lambda: workload(kube_api, ns, "big") is None, timeout=60, message="big's Workload deleted")
+        wait_for(lambda: len(kubelet.live_pods("big")) == 4, timeout=60, message="big's pods, unqueued")
+        cq = f"cq-{namespace}"[:63]
+        pending = "jsonpath={.status.pendingWorkloads}"
+        wait_for(
+            lambda: kubectl("get", "clusterqueue", cq, "-o", pending).stdout in ("", "0"),
+            timeout=60,
+            message="nothing pending in the ClusterQueue",
+        )
+
+
+def test_the_workload_watch_starts_when_kueues_crds_come_after_the_operator(tmp_path: Path, wait_for: Any) -> None:
+    """A control plane of its own, without Kueue when the operator starts (it runs there, not watching
+    Workloads). Kueue's CRDs installed later: kopf finds the resource through discovery and starts the watch, so
+    an admission (written here as Kueue would) wakes the queued job at once, without an operator restart and
+    before the idle safety-net pass."""
+    from kubernetes import config as k8s_config
+
+    from ftjob_cluster import bins
+    from ftjob_cluster.localcluster import Etcd, KubeApiserver, KubeControllerManager, LocalCluster
+    from ftjob_cluster.testing import make_kubectl
+
+    with LocalCluster(tmp_path / "cluster", [Etcd(), KubeApiserver(), KubeControllerManager()]) as cluster:
+        own = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)
+        install_crd(own, wait_for)
+        api = k8s_config.new_client_from_config(str(cluster.kubeconfig))
+        log = tmp_path / "operator.log"
+        try:
+            with running_operator(cluster.kubeconfig, wait_for, log):
+                KueueProcess(cluster.kubeconfig, tmp_path / "kueue").install_crds()  # the API only
+                own("create", "namespace", "late")
+                wait_for(
+                    lambda: own("get", "serviceaccount", "default", "-n", "late", check=False).returncode == 0,
+                    timeout=60,
+                    message="ServiceAccount default in late",
+                )
+                own("apply", "-n", "late", "-f", "-", input=job_yaml(queued_job("late", "lq")))
+                wait_for(lambda: workload(api, "late", "late"), timeout=60, message="the job's Workload")
+                now = "2026-12-03T00:00:00Z"
+                client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+                    *KUEUE,
+                    "late",
+                    "workloads",
+                    "late",
+                    {
+                        "status": {
+                            "conditions": [
+                                {"type": t, "status": "True", "reason": t, "message": t, "lastTransitionTime": now}
+                                for t in ("QuotaReserved", "Admitted")
+                            ],
+                            "admission": {
+                                "clusterQueue": "cq",
+                                "podSetAssignments": [{"name": "rank", "count": 2, "flavors": {}}],
+                            },
+                        }
+                    },
+                )
+                core = client.CoreV1Api(api)
+                wait_for(
+                    lambda: len(core.list_namespaced_pod("late").items) == 2,
+                    timeout=IDLE_REQUEUE_S / 3,
+                    message="the admitted job's pods, from the Workload's watch event",
+                )
+        except BaseException:
+            print(log.read_text(errors="replace")[-5000:])
+            raise
+        finally:
+            api.close()

@@ -212,3 +212,51 @@ def test_spec_blocks_the_config_map_is_made_from_are_immutable(
     r = kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(changed), check=False)
     assert r.returncode != 0, f"spec.{block}: {change.__name__} accepted"
     assert f"spec.{block} is immutable" in r.stderr and "delete the job and create it again" in r.stderr, r.stderr
+
+
+def labels_of(kube_api: Any, kind: str, ns: str, name: str) -> dict[str, str]:
+    core = client.CoreV1Api(kube_api)
+    read = {"pod": core.read_namespaced_pod, "service": core.read_namespaced_service}.get(
+        kind, core.read_namespaced_config_map
+    )
+    return dict(read(name, ns).metadata.labels or {})
+
+
+def test_children_whose_labels_are_edited_stay_the_jobs_and_get_them_back(
+    operator: Path, kubectl: Any, kube_api: Any, namespace: str, kubelet: Kubelet, wait_for: Any
+) -> None:
+    """`kubectl label --overwrite` on the job's children: one relabelled as another job's is still found by its
+    controller owner; one whose managed-by label is changed leaves the operator's label-selected watch, and the
+    create that follows meets a 409, reads it back as the job's own and puts its labels back. Either way the
+    job keeps seeing its pods (it used to stay Pending forever) and they keep their Service's DNS names."""
+    ns = namespace
+    kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(two_rank_job("tamper")))
+    wait_for(lambda: len(kubelet.live_pods("tamper")) == 2, timeout=60, message="the job's pods")
+    for p in ("tamper-rank-0", "tamper-rank-1"):
+        kubelet.set_status(p, "Running")
+    wait_for(lambda: status(kube_api, ns, "tamper").get("phase") == "Running", timeout=60, message="Running")
+    uids = {p.metadata.name: p.metadata.uid for p in kubelet.live_pods("tamper")}
+
+    def restored(kind: str, name: str) -> bool:
+        labels = labels_of(kube_api, kind, ns, name)
+        return labels.get(c.LABEL_JOB_NAME) == "tamper" and labels.get(c.LABEL_MANAGED_BY) == c.MANAGED_BY
+
+    edits = [
+        ("pod", "tamper-rank-1", f"{c.LABEL_JOB_NAME}=someone-else"),
+        ("pod", "tamper-rank-0", f"{c.LABEL_MANAGED_BY}=someone-else"),
+        ("service", "tamper", f"{c.LABEL_MANAGED_BY}=someone-else"),
+        ("configmap", "tamper-config", f"{c.LABEL_JOB_NAME}=someone-else"),
+    ]
+    for kind, name, label in edits:
+        kubectl("label", "-n", ns, kind, name, label, "--overwrite")
+        wait_for(lambda k=kind, n=name: restored(k, n), timeout=60, message=f"{kind} {name}'s labels put back")
+    # The same pods (never replaced), still the job's: they finish, and so does the job.
+    assert {p.metadata.name: p.metadata.uid for p in kubelet.live_pods("tamper")} == uids
+    for p in ("tamper-rank-0", "tamper-rank-1"):
+        kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
+    st = wait_for(
+        lambda: (s := status(kube_api, ns, "tamper")).get("phase") == "Succeeded" and s,
+        timeout=60,
+        message="the job Succeeded",
+    )
+    assert st["restartCount"] == 0 and not st.get("foreignChildren"), st

@@ -9,9 +9,11 @@ ClusterRoles the chart renders. The real operator then runs every path that talk
   reads it back);
 - jobs whose child names are squatted by unlabelled objects of each kind (the 409 read-back that refuses to adopt);
 - a namespaced-mode operator (`--namespace`: kopf reads namespaces);
-- a job queued through Kueue (its Workload created and read; admitted here by a status write standing in for
-  Kueue, which test_kueue.py runs for real; the admission's ResourceFlavor read; marked Finished when the job
-  ends).
+- a job queued through Kueue (its Workload created and watched; admitted here by a status write standing in for
+  Kueue, which test_kueue.py runs for real; the admission's ResourceFlavor read; PodsReady and Finished set);
+- children whose managed-by label someone removed (a pod, the Service, the ConfigMap, the NetworkPolicy, a
+  Workload): the create's 409 is read back and the labels patched back;
+- a queued job whose queueName is removed: its Workload deleted.
 The (group, resource, verb) triples in the log must equal the rendered grants: a grant never used fails, and so
 does a use never granted."""
 
@@ -250,6 +252,56 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
                 timeout=60,
                 message="queued's Workload marked Finished",
             )
+            # Labels edited away: each child leaves the operator's watch, the create that follows meets a 409 and
+            # patches the labels back (pods, services, configmaps, networkpolicies, workloads: patch).
+            apply(a, ns, two_rank_job("tamper", queueName="lq"))
+            wl_tamper = ("kueue.x-k8s.io", "v1beta2", ns, "workloads", "tamper")
+            wait_for(lambda: custom.get_namespaced_custom_object(*wl_tamper), timeout=60, message="tamper's Workload")
+            unlabel = "app.kubernetes.io/managed-by-"
+            a.kubectl("label", "-n", ns, "workloads.kueue.x-k8s.io", "tamper", unlabel)
+            wait_for(
+                lambda: (
+                    "app.kubernetes.io/managed-by"
+                    in custom.get_namespaced_custom_object(*wl_tamper)["metadata"]["labels"]
+                ),
+                timeout=60,
+                message="tamper's Workload relabelled",
+            )
+            # Its queue removed: the Workload goes (workloads: delete) and the job runs unqueued.
+            a.kubectl(
+                "patch",
+                "-n",
+                ns,
+                "ftj",
+                "tamper",
+                "--type=json",
+                "-p",
+                '[{"op": "remove", "path": "/spec/runPolicy/queueName"}]',
+            )
+            wait_for(
+                lambda: ("kueue.x-k8s.io", "workloads", "delete") in a.used(), timeout=60, message="Workload deleted"
+            )
+            wait_for(lambda: len(kubelet.live_pods("tamper")) == 2, timeout=60, message="pods of tamper")
+            wait_for(
+                lambda: a.kubectl("get", "-n", ns, "networkpolicy", "tamper", check=False).returncode == 0,
+                timeout=60,
+                message="tamper's NetworkPolicy",
+            )
+            for kind, name in (
+                ("pod", "tamper-rank-0"),
+                ("service", "tamper"),
+                ("configmap", "tamper-config"),
+                ("networkpolicy", "tamper"),
+            ):
+                a.kubectl("label", "-n", ns, kind, name, unlabel)
+                wait_for(
+                    lambda k=kind, n=name: (
+                        "app.kubernetes.io/managed-by"
+                        in a.kubectl("get", "-n", ns, k, n, "-o", "jsonpath={.metadata.labels}").stdout
+                    ),
+                    timeout=60,
+                    message=f"{kind} {name} relabelled",
+                )
             jobs = squat(a, ns)
             for name in jobs:
                 wait_for(

@@ -19,6 +19,7 @@ from ftjobs import make_job
 from prometheus_client import REGISTRY
 
 from finetune_operator import controller, handlers, metrics
+from finetune_operator import reconcile as rec
 from finetune_operator.controller import (
     ERROR_BACKOFF_S,
     IDLE_REQUEUE_S,
@@ -28,7 +29,7 @@ from finetune_operator.controller import (
     Loops,
     apply,
 )
-from finetune_operator.reconcile import Plan
+from finetune_operator.reconcile import Plan, Relabel
 from finetune_operator.refusal import Refused
 
 NS, NAME = "ns", "j"
@@ -58,6 +59,7 @@ class FakeApi:
         self.patches: list[dict[str, Any]] = []
         self.log = ""
         self.fail_creates = False
+        self.workload_patches: list[dict[str, Any]] = []
 
     def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
         self.calls.append("get_job")
@@ -86,15 +88,41 @@ class FakeApi:
         self.created.append(obj)
         return True
 
-    def delete_pod(self, ns: str, name: str) -> None:
-        self.calls.append(f"delete_pod {name}")
+    def delete_pod(self, ns: str, name: str, uid: str) -> None:
+        self.calls.append(f"delete_pod {name} {uid}")
 
-    def delete_job(self, ns: str, name: str) -> None:
-        self.calls.append("delete_job")
+    def delete_job(self, ns: str, name: str, uid: str) -> None:
+        self.calls.append(f"delete_job {uid}")
+
+    def relabel(self, ns: str, change: Relabel) -> None:
+        self.calls.append(f"relabel {change.kind}/{change.name} {change.uid}")
 
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None:
         self.calls.append(f"log_tail {pod}/{container}")
         return self.log
+
+    # Kueue: the Workload is watched, not read; a GET would be recorded here, and is what a queued job must not do.
+    def get_workload(self, ns: str, name: str) -> dict[str, Any] | None:
+        self.calls.append("get_workload")
+        return None
+
+    def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
+        self.calls.append(f"get_resource_flavor {name}")
+        return {"metadata": {"name": name}, "spec": {}}
+
+    def patch_workload_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
+        self.calls.append("patch_workload_status")
+        self.workload_patches.append(patch)
+
+    def delete_workload(self, ns: str, name: str, uid: str) -> None:
+        self.calls.append(f"delete_workload {uid}")
+
+
+def shown(obj: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a created object as the API server holds it: with a uid of its own."""
+    out = copy.deepcopy(obj)
+    out["metadata"]["uid"] = f"uid-{obj['kind'].lower()}-{obj['metadata']['name']}"
+    return out
 
 
 def raises(err: Exception) -> Any:
@@ -116,20 +144,28 @@ class World:
     """A loop over one two-rank job; `pods` are what the indexes hold. `clock` is FakeClock unless a test runs
     the loop on real time (young_monotonic)."""
 
-    def __init__(self, clock: Callable[[], float] | None = None) -> None:
-        raw = make_job(NAME, NS).nodes(2).classification().build()
+    def __init__(self, clock: Callable[[], float] | None = None, **run_policy: Any) -> None:
+        builder = make_job(NAME, NS).nodes(2).classification()
+        if run_policy:
+            builder.run_policy(**run_policy)
+        raw = builder.build()
         raw["metadata"]["uid"] = "uid-1"
         self.api = FakeApi(raw)
         self.clock = clock or FakeClock()
         self.pods: list[dict[str, Any]] = []
+        self.workloads: list[dict[str, Any]] = []  # what the Workload index holds
         self.loop = JobLoop(NS, NAME, self.api, {}, clock=self.clock, now=lambda: datetime(2026, 12, 2, 10))
 
     def children(self) -> Children:
-        return list(self.pods), {
-            f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["ownerReferences"][0]["uid"]
-            for o in self.api.created
-            if o["kind"] != "Pod"
-        }
+        return Children(
+            list(self.pods),
+            {
+                f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["ownerReferences"][0]["uid"]
+                for o in self.api.created
+                if o["kind"] not in ("Pod", "Workload")
+            },
+            copy.deepcopy(self.workloads),
+        )
 
     def step(self) -> controller.Pause:
         return self.loop.step(self.children)
@@ -141,9 +177,11 @@ class World:
         return self.api.calls.count("get_job")
 
     def running(self) -> None:
-        """Pods created by the passes so far are all Running."""
+        """Pods created by the passes so far are all Running (and Ready), as the index shows them: with a uid."""
         self.pods = [
-            copy.deepcopy(o) | {"status": {"phase": "Running"}} for o in self.api.created if o["kind"] == "Pod"
+            shown(o) | {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+            for o in self.api.created
+            if o["kind"] == "Pod"
         ]
 
     def start_running(self) -> None:
@@ -488,7 +526,7 @@ def test_apply_saves_the_status_before_deleting_or_creating() -> None:
         def patch_status(self, *_: Any) -> None:
             order.append("status")
 
-        def delete_pod(self, ns: str, name: str) -> None:
+        def delete_pod(self, ns: str, name: str, uid: str) -> None:
             order.append("delete")
 
         def create(self, obj: dict[str, Any]) -> bool:
@@ -502,6 +540,7 @@ def test_apply_saves_the_status_before_deleting_or_creating() -> None:
     plan = Plan(
         create=[{"kind": "Pod", "metadata": {"name": "p"}}],
         delete_pods=["old"],
+        pod_uids={"old": "uid-old"},
         status={"restartCount": 1},
         events=[("Warning", "RankFailed", "m")],
     )
@@ -731,3 +770,147 @@ def test_the_operator_freezes_its_startup_objects_before_kopf_runs(monkeypatch: 
     finally:
         gc.unfreeze()
     assert frozen_at_run and frozen_at_run[0] > 10_000
+
+
+# -- a spec whose content made a pass raise: issue 23 ---------------------------------------------------------------
+HUGE = 2**63 - 1  # the largest integer the API server stores
+
+
+def test_a_huge_active_deadline_never_makes_a_pass_raise() -> None:
+    """A job stored with activeDeadlineSeconds near int64's maximum (before a CRD upgrade set a maximum) used to
+    raise OverflowError in every pass once it had a startTime: it never ran on, and never released its quota."""
+    w = World(activeDeadlineSeconds=HUGE)
+    w.start_running()
+    w.loop.wake()
+    pause = w.step()
+    assert w.loop.failures == 0 and w.api.job["status"]["phase"] == "Running"
+    assert "ReconcileError" not in {c["type"] for c in w.api.job["status"]["conditions"]}
+    assert pause.seconds <= PROGRESS_EVERY_S
+
+
+def test_a_pass_whose_pure_part_raises_fails_the_job_once_and_stops_its_pods(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the spec's content makes reconcile or the builders raise would raise again on every pass: the job
+    ends Failed/InvalidSpec naming the error, its pods are deleted (by uid), and nothing retries it. The fault
+    is injected into a builder, since every known such spec is now handled."""
+    w = World()
+    w.start_running()
+    monkeypatch.setattr(rec, "desired", raises(ZeroDivisionError("a builder divided by the spec's zero")))
+    w.loop.wake()
+    pause = w.step()
+    st = w.api.job["status"]
+    assert (st["phase"], st["reason"]) == ("Failed", "InvalidSpec"), st
+    assert "ZeroDivisionError: a builder divided by the spec's zero" in st["message"]
+    assert ("Warning", "InvalidSpec") in w.api.events
+    assert sorted(c for c in w.api.calls if c.startswith("delete_pod")) == [
+        "delete_pod j-rank-0 uid-pod-j-rank-0",
+        "delete_pod j-rank-1 uid-pod-j-rank-1",
+    ]
+    assert w.loop.failures == 0 and pause.wakeable  # no error backoff: nothing to retry
+    patches = len(w.api.patches)
+    w.clock.advance(IDLE_REQUEUE_S)
+    w.step()
+    assert len(w.api.patches) == patches and w.api.job["status"]["phase"] == "Failed"
+
+
+def test_an_api_error_still_backs_off_and_retries() -> None:
+    """Only the pure part's errors fail the job: an API error is transient (test_error_backoff_... above)."""
+    w = World()
+    w.api.fail_creates = True
+    assert not w.step().wakeable and w.loop.failures == 1
+    assert w.api.job["status"].get("phase") != "Failed"
+
+
+def test_a_stored_job_that_fails_validation_stops_its_pods_and_finishes_its_workload() -> None:
+    """A job made valid by an older CRD and invalid by the current code: Failed/InvalidSpec, and what it held
+    goes (its running pods, its Workload's quota), read from the indexes without building anything."""
+    w = World(queueName="lq")
+    w.step()
+    [made] = [o for o in w.api.created if o["kind"] == "Workload"]
+    w.workloads = [admitted_workload(made)]
+    w.loop.child_event("Workload/j")
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()
+    assert w.api.job["status"]["phase"] == "Running"
+    w.api.job["spec"]["hardware"]["nodes"] = 0  # what no admission lets in today
+    w.api.job["metadata"]["generation"] = 2
+    w.loop.job_event(copy.deepcopy(w.api.job))
+    w.step()
+    st = w.api.job["status"]
+    assert (st["phase"], st["reason"]) == ("Failed", "InvalidSpec") and "nodes" in st["message"]
+    assert sum(c.startswith("delete_pod") for c in w.api.calls) == 2
+    finished = [c for c in w.api.workload_patches[-1]["status"]["conditions"] if c["type"] == "Finished"]
+    assert finished and finished[0]["status"] == "True" and finished[0]["reason"] == "Failed"
+
+
+# -- Kueue: the Workload is watched, not polled ---------------------------------------------------------------------
+def admitted_workload(made: dict[str, Any]) -> dict[str, Any]:
+    """The Workload as Kueue leaves it once admitted, as the Workload index holds it."""
+    wl = shown(made)
+    wl["metadata"].update(resourceVersion="7", generation=1)
+    conds = [("QuotaReserved", "QuotaReserved"), ("Admitted", "Admitted")]
+    wl["status"] = {
+        "conditions": [{"type": t, "status": "True", "reason": r, "message": r} for t, r in conds],
+        "admission": {"clusterQueue": "cq", "podSetAssignments": [{"name": "rank", "count": 2, "flavors": {}}]},
+    }
+    return wl
+
+
+def test_a_queued_job_makes_no_request_while_its_workload_does_not_change() -> None:
+    w = World(queueName="lq")
+    w.step()
+    [made] = [o for o in w.api.created if o["kind"] == "Workload"]
+    assert w.api.job["status"]["phase"] == "Queued"
+    pending = shown(made)
+    pending["status"] = {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending"}]}
+    w.workloads = [pending]
+    w.loop.child_event("Workload/j")  # the watch event of the create
+    w.step()
+    calls = len(w.api.calls)
+    for _ in range(100):  # ten minutes in 6 s steps
+        w.clock.advance(6)
+        w.step()
+    assert "get_workload" not in w.api.calls
+    assert w.api.calls[calls:] == ["get_job"] * 10  # the safety-net pass's read of the job, once a minute
+    # Kueue admits it: the Workload's watch event wakes the job, which creates its pods in that pass.
+    w.workloads = [admitted_workload(made)]
+    w.loop.child_event("Workload/j")
+    assert w.loop.pass_due()
+    w.step()
+    assert sorted(o["metadata"]["name"] for o in w.api.created if o["kind"] == "Pod") == ["j-rank-0", "j-rank-1"]
+
+
+def test_an_eviction_seen_on_the_workload_watch_stops_the_pods_in_that_pass() -> None:
+    w = World(queueName="lq")
+    w.step()
+    [made] = [o for o in w.api.created if o["kind"] == "Workload"]
+    w.workloads = [admitted_workload(made)]
+    w.loop.child_event("Workload/j")
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()
+    assert w.api.job["status"]["phase"] == "Running"
+    evicted = copy.deepcopy(w.workloads[0])
+    evicted["status"]["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted"})
+    w.workloads = [evicted]
+    w.loop.child_event("Workload/j")
+    w.step()
+    assert w.api.job["status"]["phase"] == "Queued"
+    assert sum(c.startswith("delete_pod") for c in w.api.calls) == 2
+
+
+def test_a_removed_queue_name_deletes_the_jobs_own_workload_by_uid() -> None:
+    w = World(queueName="lq")
+    w.step()
+    [made] = [o for o in w.api.created if o["kind"] == "Workload"]
+    w.workloads = [shown(made)]
+    w.loop.child_event("Workload/j")
+    w.step()
+    del w.api.job["spec"]["runPolicy"]["queueName"]
+    w.api.job["metadata"]["generation"] = 2
+    w.loop.job_event(copy.deepcopy(w.api.job))
+    w.step()
+    assert "delete_workload uid-workload-j" in w.api.calls
+    assert sorted(o["metadata"]["name"] for o in w.api.created if o["kind"] == "Pod") == ["j-rank-0", "j-rank-1"]

@@ -130,13 +130,55 @@ def test_the_child_index_records_the_controller_uid() -> None:
         }
     }
     assert asyncio.run(index(body=body, name="j-config", labels=labels, namespace="ns")) == {
-        ("ns", "j"): ("ConfigMap/j-config", NEW)
+        ("ns", "j"): ("ConfigMap/j-config", NEW, None)
     }
     assert asyncio.run(
         index(body={"metadata": {"name": "j-config"}}, name="j-config", labels=labels, namespace="ns")
-    ) == {("ns", "j"): ("ConfigMap/j-config", None)}
+    ) == {("ns", "j"): ("ConfigMap/j-config", None, None)}
     # Secrets are not watched at all: the operator holds no list/watch on them (see the RBAC audit test).
     assert "secrets" not in handlers._CHILD_INDEXES
+
+
+OWNED_BY_J = {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "name": "j", "uid": NEW, "controller": True}
+
+
+def test_a_child_is_indexed_under_its_owner_whatever_its_job_name_label_says() -> None:
+    """Someone relabels job j's children as job x's: j still finds them (and learns their uid and labels, to put
+    them back); x's loop sees them too, as foreign."""
+    labels = {"finetune.dev/job-name": "x", "app.kubernetes.io/managed-by": "finetune-operator"}
+    cm: Any = {"metadata": {"name": "j-config", "uid": "cm-uid", "ownerReferences": [OWNED_BY_J]}}
+    index = handlers._child_indexer("ConfigMap")
+    assert asyncio.run(index(body=cm, name="j-config", labels=labels, namespace="ns")) == {
+        ("ns", "j"): ("ConfigMap/j-config", NEW, ("cm-uid", labels)),
+        ("ns", "x"): ("ConfigMap/j-config", NEW, None),
+    }
+    pod: Any = {"metadata": {"name": "j-rank-0", "uid": "pod-uid", "labels": labels, "ownerReferences": [OWNED_BY_J]}}
+    entries = asyncio.run(handlers.job_pods(body=pod, labels=labels, namespace="ns"))
+    assert set(entries) == {("ns", "j"), ("ns", "x")}
+    assert entries["ns", "j"]["metadata"]["uid"] == "pod-uid"
+    # An owner that is not a FineTuneJob keys nothing: the label alone does.
+    other = {**OWNED_BY_J, "apiVersion": "batch/v1", "kind": "Job"}
+    assert handlers._job_keys({"metadata": {"ownerReferences": [other]}}, labels, "ns") == [("ns", "x")]
+
+
+def test_reconcile_puts_back_the_labels_of_its_own_children_and_no_one_elses() -> None:
+    j = job(NEW)
+    pods, objects = children_of(j, "Running")
+    for p in pods:
+        p["metadata"]["uid"] = f"uid-{p['metadata']['name']}"
+    pods[1]["metadata"]["labels"]["finetune.dev/job-name"] = "x"  # found by its owner (handlers._job_keys)
+    foreign = copy.deepcopy(pods[0])
+    foreign["metadata"].update(name="x-rank-0", uid="uid-x", ownerReferences=[{"uid": "uid-x-job", "controller": True}])
+    foreign["metadata"]["labels"]["finetune.dev/job-name"] = "x"
+    edited = {"finetune.dev/job-name": "x", "app.kubernetes.io/managed-by": "finetune-operator"}
+    wrong = {"ConfigMap/j-config": ("cm-uid", edited), "Service/other": ("svc-uid", edited)}
+    plan = reconcile(j, Observed([*pods, foreign], objects, T0, None, lambda: KEYS, mislabelled=wrong))
+    want = {"app.kubernetes.io/managed-by": "finetune-operator", "finetune.dev/job-name": "j"}
+    assert [(r.kind, r.name, r.uid, dict(r.want)) for r in plan.relabel] == [
+        ("Pod", "j-rank-1", "uid-j-rank-1", want),
+        ("ConfigMap", "j-config", "cm-uid", want),  # Service/other is not the job's: left alone
+    ]
+    assert plan.create == [] and plan.delete_pods == []  # found, so nothing is made again
 
 
 class MpiApi(FakeApi):
@@ -196,7 +238,14 @@ def test_a_deleted_child_or_squatter_wakes_the_jobs_loop() -> None:
     with loops.running(loop):
         loop.take(lambda: ([], {}))  # the first pass clears the wake-up
         on_service = handlers._on_child("Service")
-        asyncio.run(on_service(type="MODIFIED", name="j", labels=labels, namespace="ns", memo=memo))
+        body: Any = {"metadata": {"name": "j"}}
+        asyncio.run(on_service(type="MODIFIED", body=body, name="j", labels=labels, namespace="ns", memo=memo))
         assert not loop._woken.is_set()
-        asyncio.run(on_service(type="DELETED", name="j", labels=labels, namespace="ns", memo=memo))
+        asyncio.run(on_service(type="DELETED", body=body, name="j", labels=labels, namespace="ns", memo=memo))
+        assert loop._woken.is_set()
+        # Found by its owner when its job-name label says another job (the label edited away from it).
+        loop.take(lambda: ([], {}))
+        owned: Any = {"metadata": {"name": "j", "ownerReferences": [OWNED_BY_J]}}
+        moved = {"finetune.dev/job-name": "x"}
+        asyncio.run(on_service(type="DELETED", body=owned, name="j", labels=moved, namespace="ns", memo=memo))
         assert loop._woken.is_set()

@@ -409,7 +409,7 @@ def test_queued_job_makes_its_workload_and_no_pods_until_admitted() -> None:
     p = w.step()
     assert [o["kind"] for o in p.create] == ["Workload"] and w.phase == "Queued"
     assert w.workload is not None and w.workload["spec"]["queueName"] == "team-a"
-    assert p.requeue_after is not None and p.requeue_after <= 5
+    assert p.requeue_after is None  # no polling: the Workload's watch events wake the job
     w.kueue(PENDING)
     p = w.step()
     assert p.create == [] and not w.pods and w.phase == "Queued"
@@ -656,3 +656,83 @@ def test_slim_pods_plan_as_whole_pods_do() -> None:
                 whole.delete_pods,
                 whole.events,
             ), (state, deleting)
+
+
+READY = {"conditions": [{"type": "Ready", "status": "True"}]}
+
+
+def pods_ready(w: World, plan: Plan) -> dict[str, Any] | None:
+    """The PodsReady condition the plan writes on the Workload (applied, as the API server would), or None."""
+    if plan.workload_status is None:
+        return None
+    assert w.workload is not None
+    w.workload["status"].update(copy.deepcopy(plan.workload_status["status"]))
+    return next((c for c in plan.workload_status["status"]["conditions"] if c["type"] == "PodsReady"), None)
+
+
+def test_an_admitted_workload_is_pods_ready_once_every_pod_is_and_again_after_a_restart() -> None:
+    """Kueue's waitForPodsReady evicts an admitted Workload that is not PodsReady=True in time: the job sets it
+    as Kueue's own integrations do (reasons Started, WaitForRecovery, Recovered)."""
+    w = World(job2(queueName="q", backoffLimit=1))
+    w.step()
+    w.kueue(*ADMITTED, admission=True)
+    assert pods_ready(w, w.step()) is None  # no pods yet: no condition counts as WaitForStart
+    w.set_phase("j-rank-0", "Running", **READY)
+    w.set_phase("j-rank-1", "Running")  # its containers run, not ready yet
+    assert pods_ready(w, w.step()) is None
+    w.set_phase("j-rank-1", "Running", **READY)
+    cond = pods_ready(w, w.step())
+    assert cond is not None and (cond["status"], cond["reason"]) == ("True", "Started")
+    assert cond["message"] == "All pods reached readiness and the workload is running"
+    assert w.step().workload_status is None  # unchanged: nothing written
+    w.set_phase("j-rank-0", "Failed", **terminated(1))
+    cond = pods_ready(w, w.step())  # the group restart
+    assert w.phase == "Restarting" and cond is not None
+    assert (cond["status"], cond["reason"]) == ("False", "WaitForRecovery") and "attempt 1" in cond["message"]
+    w.gone()
+    w.step()
+    w.all_phase("Running")
+    for name in w.pods:
+        w.set_phase(name, "Running", **READY)
+    cond = pods_ready(w, w.step())
+    assert cond is not None and (cond["status"], cond["reason"]) == ("True", "Recovered")
+    w.all_phase("Succeeded")
+    p = w.step()
+    assert w.phase == "Succeeded" and {c["type"] for c in p.workload_status["status"]["conditions"]} >= {"Finished"}  # type: ignore[index]
+
+
+def test_pods_ready_is_taken_back_when_kueue_evicts_the_job() -> None:
+    w = World(job2(queueName="q"))
+    w.step()
+    w.kueue(*ADMITTED, admission=True)
+    w.step()
+    for name in list(w.pods):
+        w.set_phase(name, "Running", **READY)
+    assert pods_ready(w, w.step()) is not None
+    w.kueue(("Evicted", "True", "PodsReadyTimeout", "Exceeded the PodsReady timeout"))
+    p = w.step()
+    cond = pods_ready(w, p)
+    assert w.phase == "Queued" and cond is not None and (cond["status"], cond["reason"]) == ("False", "WaitForStart")
+
+
+def test_a_removed_queue_name_deletes_the_jobs_own_workload_and_no_other() -> None:
+    w = World(job2(queueName="q"))
+    w.step()
+    assert w.workload is not None and not w.pods
+    w.workload["metadata"]["uid"] = "wl-uid"
+    del w.job["spec"]["runPolicy"]["queueName"]
+    p = w.step()
+    assert p.delete_workload == "wl-uid"  # with that uid as the delete's precondition
+    assert sorted(o["kind"] for o in p.create) == ["ConfigMap", "Pod", "Pod", "Service"]  # it runs unqueued
+    w.workload["metadata"]["ownerReferences"][0]["uid"] = "another-job"
+    assert w.step().delete_workload is None
+
+
+def test_deletes_name_the_uid_of_the_pod_they_mean() -> None:
+    w = World(job2())
+    w.step()
+    for name, pod in w.pods.items():
+        pod["metadata"]["uid"] = f"uid-{name}"
+    w.set_phase("j-rank-0", "Failed", **terminated(1))
+    p = w.step()
+    assert p.pod_uids == {"j-rank-0": "uid-j-rank-0", "j-rank-1": "uid-j-rank-1"}

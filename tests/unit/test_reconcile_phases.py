@@ -85,6 +85,21 @@ def test_terminal_ttl_waits_then_deletes_the_job() -> None:
     assert plan is not None and plan.delete_job
 
 
+@pytest.mark.parametrize("huge", [2**63 - 1, 10**400], ids=["int64-max", "beyond-float"])
+def test_deadline_and_ttl_of_any_size_never_raise(huge: int) -> None:
+    """A number the spec carries is never added to a datetime or made a float unchecked: 2**63-1 (what the API
+    server stores at most) overflowed `datetime + timedelta` in every pass (issue 23)."""
+    running = job({"phase": "Running", "startTime": "2026-12-02T09:00:00Z"}, activeDeadlineSeconds=huge)
+    p = start(running, ranks("Running"))
+    assert rec.deadline(p) is None and p.plan.requeue_after is not None and p.plan.requeue_after > 10**9
+    done = {"phase": "Succeeded", "completionTime": "2026-12-02T10:00:00Z"}
+    plan = rec.terminal(start(job(done, ttlSecondsAfterFinished=huge), now=T0 + timedelta(days=365)))
+    assert plan is not None and not plan.delete_job and plan.requeue_after is not None and plan.requeue_after > 10**9
+    # The pass that ends a job starts its TTL clock.
+    plan = rec.reconcile(job({"phase": "Running"}, ttlSecondsAfterFinished=huge), Observed(ranks("Succeeded"), {}, T0))
+    assert plan.status["phase"] == "Succeeded" and plan.requeue_after is not None and plan.requeue_after > 10**9
+
+
 def test_finished_jobs_never_build_their_children(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*_: Any, **__: Any) -> Any:
         raise AssertionError("desired() built for a finished job")

@@ -114,21 +114,23 @@ audit log (tests/controlplane/test_rbac_audit.py fails on a grant never used and
   resources: ["finetunejobs/status"]
   verbs: ["patch"]
 # Rank, launcher and worker pods: created from the job, watched (label-filtered) for phase and exit codes,
-# deleted on restart/suspend/finish, read back by name after a 409 to check the job controls it. The garbage
-# collector deletes them with the job (owner references).
+# deleted (uid precondition) on restart/suspend/finish, read back by name after a 409 to check the job controls
+# it, and patched (uid-tested) only to put back identity labels someone edited. The garbage collector deletes
+# them with the job (owner references).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 # The newest FTJOB_PROGRESS line is read from the log of the pod that carries global rank 0.
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
 # The headless Service (stable rank DNS names) and ConfigMap {job}-config (config.json, hostfile): created
-# once, never edited or deleted by the operator (the garbage collector removes them with the job), listed and
-# watched label-filtered for its in-memory indexes, read back by name after a 409.
+# once, never deleted by the operator (the garbage collector removes them with the job), listed and watched
+# label-filtered for its in-memory indexes, read back by name after a 409, and patched (uid-tested) only to put
+# back identity labels someone edited.
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["get", "list", "watch", "create"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Secret {job}-ssh (an MPI job's SSH identity): created once, read back by name after a 409. Never listed or
 # watched, so the operator cannot enumerate the namespace's Secrets.
 - apiGroups: [""]
@@ -139,21 +141,23 @@ audit log (tests/controlplane/test_rbac_audit.py fails on a grant never used and
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
-# Kueue (jobs with runPolicy.queueName): the job's Workload is created, read every pass while queued (and
-# after a 409), and its status patched: Finished when the job ends, quota released after an eviction. The
-# garbage collector deletes it with the job. Harmless where Kueue is not installed.
+# Kueue (jobs with runPolicy.queueName): the job's Workload is created, listed and watched label-filtered (kopf
+# starts that watch only once Kueue's CRDs exist), read back after a 409, patched (uid-tested) only to put back
+# edited identity labels, deleted (uid precondition) when the job's queueName is removed, and its status
+# patched: PodsReady, Finished when the job ends, quota released after an eviction. The garbage collector
+# deletes it with the job. Harmless where Kueue is not installed.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["get", "create"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]
 {{- if .Values.networkPolicy.enabled }}
 # networkPolicy.enabled: one NetworkPolicy per job ({job}: ingress only from that job's pods), created,
-# watched by the job's labels and read back after a 409 like the other children; the garbage collector
-# deletes it with the job.
+# watched by the job's labels, read back after a 409 and relabelled like the other children; the garbage
+# collector deletes it with the job.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "list", "watch", "create"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 {{- end }}
 {{- end }}

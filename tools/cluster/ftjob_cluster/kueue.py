@@ -5,7 +5,8 @@
 2. issues a serving certificate for 127.0.0.1 from a throwaway CA of its own;
 3. writes a Kueue `Configuration` (webhook server on a free loopback port with that certificate, no internal
    cert management, no leader election, health and metrics on loopback, `FineTuneJob.v1alpha1.finetune.dev`
-   as an external framework and no built-in integration) and starts `kueue --config`;
+   as an external framework and no built-in integration; `waitForPodsReady` when `wait_for_pods_ready` names a
+   timeout) and starts `kueue --config`;
 4. registers Kueue's own admission webhooks (the kueue.x-k8s.io ones of its `config/components/webhook`: the
    Workload, ClusterQueue, ResourceFlavor and Cohort defaulting/validation) on the API server with a loopback
    URL and the CA bundle, once /readyz answers.
@@ -53,9 +54,14 @@ def webhook_configurations(url: str, ca_bundle: bytes) -> list[dict[str, object]
 
 
 class KueueProcess:
-    def __init__(self, kubeconfig: Path, directory: Path, kubectl: Path | None = None) -> None:
+    def __init__(
+        self, kubeconfig: Path, directory: Path, kubectl: Path | None = None, wait_for_pods_ready: str | None = None
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.directory = directory
+        # Kueue's all-or-nothing setting: an admitted Workload not PodsReady within this timeout (a duration,
+        # e.g. "20s") is evicted and requeued. None: off (Kueue's default). Read at start().
+        self.wait_for_pods_ready = wait_for_pods_ready
         self.kubectl = kubectl or bins.ensure_binary("kubectl")
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = directory / "kueue.log"
@@ -94,6 +100,8 @@ class KueueProcess:
             "internalCertManagement": {"enable": False},
             "integrations": {"frameworks": [], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
         }
+        if self.wait_for_pods_ready:
+            config["waitForPodsReady"] = {"timeout": self.wait_for_pods_ready}
         config_path = self.directory / "kueue-config.yaml"
         config_path.write_text(json.dumps(config, indent=2) + "\n")
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
