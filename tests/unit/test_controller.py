@@ -473,6 +473,7 @@ def test_a_precompile_trial_run_is_not_training_progress() -> None:
 def test_exported_names_are_what_metrics_serves() -> None:
     metrics.set_job_progress(NS, NAME, {"event": "train", "step": 1, "totalSteps": 2, "samplesPerSecond": 1.0})
     metrics.TRANSITIONS.labels(phase="Running", reason="Started")
+    metrics.JOB_FAILURES.labels(namespace=NS, reason="OOMKilled")
     served = {s.name for fam in REGISTRY.collect() for s in fam.samples if s.name.startswith("finetune_operator_")}
     metrics.clear_job(NS, NAME)
     assert served == metrics.exported_names()
