@@ -36,7 +36,7 @@ from .admission import validate
 from .api.validation import InvalidSpec
 from .builders.layout import launcher_of
 from .builders.names import Names
-from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, clear_job, set_job_progress
+from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, clear_job, count_failure, observe_pass, set_job_progress
 from .reconcile import Observed, Plan, admitted_flavors, controller_uid, iso, reconcile, set_condition, slim_child
 from .refusal import Refused, failed_status
 from .sshkeys import generate_keys
@@ -149,6 +149,7 @@ def apply(api: Api, job: dict[str, Any], old_status: dict[str, Any], plan: Plan)
         api.event(job, etype, reason, message)
     for _, reason, _ in plan.events:
         TRANSITIONS.labels(phase=plan.status.get("phase", "Pending"), reason=reason).inc()
+    count_failure(ns, old_status, plan.status)
     return patched
 
 
@@ -418,6 +419,7 @@ class JobLoop:
 
     def _full_pass(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> None:
         self.passes += 1
+        started = time.perf_counter()
         try:
             wait = self.reconcile_once(pods, objects)
             if self.failures:
@@ -433,6 +435,7 @@ class JobLoop:
             except Exception:
                 log.exception("could not record the error in %s/%s status", self.namespace, self.name)
         self.next_pass = self.clock() + wait
+        observe_pass(time.perf_counter() - started, failed=self.failures > 0)
 
     # -- the pass -------------------------------------------------------------------------------------------------
     def reconcile_once(self, pods: list[dict[str, Any]], objects: dict[str, str | None]) -> float:
@@ -478,6 +481,7 @@ class JobLoop:
                 self.api.event(raw, "Warning", "InvalidSpec", msg)
                 self._intend(raw, status)
                 self._remember(self.api.patch_status(ns, name, old_status, status), True, raw)
+                count_failure(ns, old_status, status)
             return math.inf, None  # a spec change (a watch event) is all that can change this
         job["status"] = raw.get("status") or {}
         prog = None
@@ -510,6 +514,7 @@ class JobLoop:
             self.api.patch_status(ns, name, plan.status, status)  # apply() saved plan.status first
             self.api.event(raw, "Warning", "InvalidSpec", msg)
             TRANSITIONS.labels(phase="Failed", reason="InvalidSpec").inc()
+            count_failure(ns, old_status, status)
             self.followed = None
             return IDLE_REQUEUE_S
         # apply() returned, so every create succeeded or met a 409 on an object this job controls.
