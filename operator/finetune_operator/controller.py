@@ -36,7 +36,15 @@ from .api.validation import InvalidSpec
 from .builders.layout import launcher_of
 from .builders.names import Names
 from .builders.objects import SshKeys
-from .metrics import RECONCILE_ERRORS, RECONCILES, TRANSITIONS, clear_job, set_job_progress
+from .metrics import (
+    RECONCILE_ERRORS,
+    RECONCILES,
+    TRANSITIONS,
+    clear_job,
+    count_failure,
+    observe_pass,
+    set_job_progress,
+)
 from .reconcile import (
     Observed,
     Plan,
@@ -197,6 +205,7 @@ def apply(
         api.event(job, etype, reason, message)
     for _, reason, _ in plan.events:
         TRANSITIONS.labels(phase=plan.status.get("phase", "Pending"), reason=reason).inc()
+    count_failure(ns, old_status, plan.status)
     return patched, created
 
 
@@ -477,6 +486,7 @@ class JobLoop:
 
     def _full_pass(self, children: Children) -> None:
         self.passes += 1
+        started = time.perf_counter()
         try:
             wait = self.reconcile_once(children)
             if self.failures:
@@ -492,6 +502,7 @@ class JobLoop:
             except Exception:
                 log.exception("could not record the error in %s/%s status", self.namespace, self.name)
         self.next_pass = self.clock() + wait
+        observe_pass(time.perf_counter() - started, failed=self.failures > 0)
 
     # -- the pass -------------------------------------------------------------------------------------------------
     def reconcile_once(self, children: Children) -> float:
@@ -588,6 +599,7 @@ class JobLoop:
             self.api.patch_status(ns, name, plan.status, status)  # apply() saved plan.status first
             self.api.event(raw, "Warning", "InvalidSpec", msg)
             TRANSITIONS.labels(phase="Failed", reason="InvalidSpec").inc()
+            count_failure(ns, old_status, status)
             self.followed = None
             return IDLE_REQUEUE_S
         # apply() returned, so every create succeeded or met a 409 on an object this job controls.

@@ -1,5 +1,9 @@
 """Prometheus metrics of the operator, served on --metrics-port (/metrics).
 
+Operator-wide series: full reconcile passes (a count, errors, and a histogram of their duration labelled only by
+outcome, so its cardinality does not grow with the number of jobs), phase transitions, and job failures by
+namespace and reason (both bounded: namespaces are few, reasons are the operator's own constants).
+
 The per-job gauges come from status.progress (rank 0's progress lines, progress.py) and exist only while a job
 trains: controller.JobLoop sets them when it reads progress and clears them when the job leaves Running, is
 deleted, or its loop stops, so a finished job leaves no stale series behind. The chart's Grafana dashboard
@@ -12,13 +16,32 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 
 RECONCILES = Counter("finetune_operator_reconciles_total", "Reconcile passes completed")
 RECONCILE_ERRORS = Counter("finetune_operator_reconcile_errors_total", "Reconcile passes that raised")
 TRANSITIONS = Counter(
     "finetune_operator_job_transitions_total", "Job phase transitions", labelnames=("phase", "reason")
+)
+# controller.JobLoop._full_pass observes each pass: read the job, plan, apply (API calls included). `result` is
+# "success" or "error" (the pass raised). Buckets from 5 ms (a pass that changes nothing) to a minute (a pass
+# creating many children against a slow API server).
+RECONCILE_DURATION = Histogram(
+    "finetune_operator_reconcile_duration_seconds",
+    "Seconds one full reconcile pass of a job took (read, plan, apply)",
+    labelnames=("result",),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+PASS_RESULTS = ("success", "error")
+for _result in PASS_RESULTS:  # both series exist from the start, so rates and ratios never lack one
+    RECONCILE_DURATION.labels(result=_result)
+# A job entering phase Failed, by its namespace and status.reason (OOMKilled, BackoffLimitExceeded,
+# DeadlineExceeded, InvalidSpec, ...): counted by count_failure() where the controller writes that phase.
+JOB_FAILURES = Counter(
+    "finetune_operator_job_failures_total",
+    "Jobs that entered phase Failed, by the job's namespace and status.reason",
+    labelnames=("namespace", "reason"),
 )
 
 # The job's namespace and name. `job_name`, not `job`: Prometheus gives every series a `job` label of its own (the
@@ -36,7 +59,26 @@ JOB_SAMPLES_PER_SECOND = Gauge(
     JOB_LABELS,
 )
 JOB_GAUGES = (JOB_PROGRESS, JOB_STEP, JOB_TOTAL_STEPS, JOB_SAMPLES_PER_SECOND)
-COLLECTORS: tuple[MetricWrapperBase, ...] = (RECONCILES, RECONCILE_ERRORS, TRANSITIONS, *JOB_GAUGES)
+COLLECTORS: tuple[MetricWrapperBase, ...] = (
+    RECONCILES,
+    RECONCILE_ERRORS,
+    RECONCILE_DURATION,
+    TRANSITIONS,
+    JOB_FAILURES,
+    *JOB_GAUGES,
+)
+
+
+def observe_pass(seconds: float, failed: bool) -> None:
+    """One full reconcile pass took `seconds`; `failed` when it raised."""
+    RECONCILE_DURATION.labels(result="error" if failed else "success").observe(seconds)
+
+
+def count_failure(namespace: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """Counts the job as failed when this status write takes it into Failed (a write that keeps it Failed, as
+    every later pass of a failed job does, counts nothing)."""
+    if new.get("phase") == "Failed" and old.get("phase") != "Failed":
+        JOB_FAILURES.labels(namespace=namespace, reason=str(new.get("reason") or "Failed")).inc()
 
 
 def set_job_progress(namespace: str, job: str, progress: Mapping[str, Any]) -> None:
@@ -67,7 +109,7 @@ def exported_names() -> set[str]:
     suffixes = {
         "counter": ("_total", "_created"),
         "gauge": ("",),
-        "histogram": ("_bucket", "_count", "_sum"),
+        "histogram": ("_bucket", "_count", "_sum", "_created"),
         "summary": ("", "_count", "_sum"),
     }
     return {m.name + s for c in COLLECTORS for m in c.describe() for s in suffixes[m.type]}

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from chartlib import CHART, NAMESPACE, Renderer, Values, find, one
+from dashboards import queries
 from prometheus_client import REGISTRY
 
 from finetune_operator import metrics
@@ -77,31 +77,11 @@ def test_the_parser_finds_foreign_metrics_and_labels() -> None:
     assert label_names(expr) == {"job", "mode"}
 
 
-def _queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str, set[str]]]:
-    """(where, PromQL, labels it reads besides the PromQL's own) for every panel target, nested rows included,
-    and every query variable (`label_values(selector, label)`)."""
-
-    def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        for p in items:
-            yield p
-            yield from panels(p.get("panels") or [])
-
-    for p in panels(dashboard["panels"]):
-        for t in p.get("targets") or []:
-            yield f"panel {p['title']!r} target {t['refId']}", t["expr"], set()
-    for var in dashboard["templating"]["list"]:
-        if var["type"] != "query":
-            continue
-        q = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
-        m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", q.strip())
-        assert m, f"variable {var['name']}: expected label_values(selector, label), got {q!r}"
-        yield f"variable {var['name']}", m.group(1), {m.group(2)}
-
-
 def exported_labels() -> dict[str, set[str]]:
-    """Sample name -> label names, as /metrics shows them with one training job and one transition."""
+    """Sample name -> label names, as /metrics shows them with one training job, one transition and one failure."""
     metrics.set_job_progress("ns", "j", {"event": "train", "step": 1, "totalSteps": 4, "samplesPerSecond": 2.0})
     metrics.TRANSITIONS.labels(phase="Running", reason="Started")
+    metrics.JOB_FAILURES.labels(namespace="ns", reason="OOMKilled")
     try:
         return {
             s.name: set(s.labels)
@@ -118,10 +98,11 @@ def test_every_query_names_only_metrics_the_operator_exports() -> None:
     exported = metrics.exported_names()
     labels = exported_labels()
     assert set(labels) == exported
-    queries = list(_queries(dashboard))
-    assert len(queries) >= 8
+    found = list(queries(dashboard))
+    assert len(found) >= 8
     used: set[str] = set()
-    for where, expr, read in queries:
+    for q in found:
+        where, expr, read = q.where, q.expr, {q.label} if q.label else set()
         names = metric_names(expr)
         assert names, f"{where}: names no metric: {expr}"
         assert names <= exported, f"{where}: {sorted(names - exported)} not exported by the operator: {expr}"
@@ -129,8 +110,10 @@ def test_every_query_names_only_metrics_the_operator_exports() -> None:
         missing = (label_names(expr) | read) - known
         assert not missing, f"{where}: labels {sorted(missing)} are not on {sorted(names)}: {expr}"
         used |= names
-    # Every per-job gauge is on the dashboard: progress and throughput are what it is for.
+    # Every per-job gauge is on the dashboard: progress and throughput are what it is for; so are the pass
+    # durations and the failures.
     assert {g.describe()[0].name for g in metrics.JOB_GAUGES} <= used
+    assert {"finetune_operator_reconcile_duration_seconds_bucket", "finetune_operator_job_failures_total"} <= used
 
 
 def test_dashboard_is_shipped_for_the_sidecar_when_enabled(render: Renderer) -> None:

@@ -10,6 +10,7 @@ variable is set before use.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -25,8 +26,13 @@ import yaml
 from chartlib import CHART, RELEASE, REPO, Manifest, find, load_all, one
 
 DOC = REPO / "docs" / "eks.md"
-# eksctl's ClusterConfig schema at the release docs/eks.md names (see schemas/README.md).
-EKSCTL_SCHEMA = Path(__file__).with_name("schemas") / "eksctl-v0.230.0.schema.json"
+# eksctl's ClusterConfig schema of the minimum release docs/eks.md names and of a recent one (schemas/README.md):
+# the guide's ClusterConfig must be valid for both.
+EKSCTL_MINIMUM = "0.202.0"
+EKSCTL_SCHEMAS = {
+    version: Path(__file__).with_name("schemas") / f"eksctl-v{version}.schema.json"
+    for version in (EKSCTL_MINIMUM, "0.230.0")
+}
 CRD = CHART / "crds" / "finetunejobs.yaml"
 # Example values for the variables the guide sets from AWS answers (account id, file system id, ...).
 EXAMPLE_ENV = {
@@ -116,9 +122,16 @@ def node_groups(config: dict[str, Any]) -> list[dict[str, Any]]:
 # --- every block parses, and every object validates against its reader's schema --------------------------
 
 
-def eksctl_errors(obj: Manifest) -> list[str]:
-    validator = jsonschema.Draft7Validator(json.loads(EKSCTL_SCHEMA.read_text()))
-    return [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(obj)]
+def eksctl_errors(obj: Manifest, versions: tuple[str, ...] = tuple(EKSCTL_SCHEMAS)) -> list[str]:
+    """Errors of a ClusterConfig under the schema of each eksctl release in `versions`."""
+    errors = []
+    for version in versions:
+        validator = jsonschema.Draft7Validator(json.loads(EKSCTL_SCHEMAS[version].read_text()))
+        errors += [
+            f"eksctl {version}: {'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+            for e in validator.iter_errors(obj)
+        ]
+    return errors
 
 
 def finetunejob_errors(obj: Manifest) -> list[str]:
@@ -217,6 +230,8 @@ def test_every_variable_is_set_before_use() -> None:
                 defined.add(name)
             for loop_var in re.findall(r"\bfor (\w+) in\b", line):
                 defined.add(loop_var)
+            if read := re.match(r"\s*read\b.*\s([A-Z][A-Z0-9_]*)\s*(?:&&.*)?$", line):
+                defined.add(read.group(1))  # read [-options] NAME
             for used in re.findall(r"(?<!\\)\$\{?([A-Za-z_]\w*)", line):
                 if used in {"IMAGE_TAG"}:  # set inline for build.sh on the same line
                     continue
@@ -224,6 +239,18 @@ def test_every_variable_is_set_before_use() -> None:
 
 
 # --- the eksctl ClusterConfig ------------------------------------------------------------------------------
+
+
+def test_the_minimum_eksctl_is_the_one_step_0_names_and_its_schema_is_applied(cluster_config: dict[str, Any]) -> None:
+    """Step 0 names the release whose schema is pinned, and that older schema really is in force: a field that
+    only later releases know (instanceMarketOptions, 0.205.0) is refused by it and accepted by the newer one."""
+    text = DOC.read_text()
+    assert f"`eksctl` {EKSCTL_MINIMUM} or newer" in text
+    newer = copy.deepcopy(cluster_config)
+    newer["nodeGroups"][0]["instanceMarketOptions"] = {"marketType": "capacity-block"}
+    assert eksctl_errors(newer, ("0.230.0",)) == []
+    (error,) = eksctl_errors(newer, (EKSCTL_MINIMUM,))
+    assert error.startswith(f"eksctl {EKSCTL_MINIMUM}: nodeGroups.0:") and "instanceMarketOptions" in error
 
 
 def test_cluster_config_matches_the_hardware_facts(cluster_config: dict[str, Any]) -> None:
@@ -405,11 +432,19 @@ def test_values_file_renders_the_chart_in_namespaced_mode(files: dict[str, str],
     assert container["image"] == f"{ecr}/finetune-operator/operator:0.1.0"
     assert "--namespace=ml" in container["args"]
     assert [r["metadata"]["namespace"] for r in find(objs, "Role")] == ["ml"]
-    config = yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])
+    config = yaml.safe_load(one(objs, "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"])
     assert config["images"]["trn1"] == f"{ecr}/finetune-operator/neuron:0.1.0"
     claim = one(objs, "PersistentVolumeClaim", "finetune-cache", "ml")
     assert claim["spec"]["storageClassName"] == "efs-sc"
-    assert yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])["networkPolicy"]["enabled"] is True
+    assert config["networkPolicy"]["enabled"] is True
+    # kube-prometheus-stack (release kube-prometheus-stack) scrapes ServiceMonitors with its release label, and its
+    # Grafana sidecar loads ConfigMaps labelled grafana_dashboard=1 from every namespace.
+    installed = re.search(r"helm upgrade --install (\S+) prometheus-community/kube-prometheus-stack", DOC.read_text())
+    assert installed
+    monitor = one(objs, "ServiceMonitor", RELEASE)
+    assert monitor["metadata"]["labels"]["release"] == installed.group(1)
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    assert one(objs, "ConfigMap", f"{RELEASE}-dashboard")["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
 def test_claims_match_what_the_samples_and_the_chart_use(files: dict[str, str]) -> None:
@@ -450,6 +485,10 @@ def test_cleanup_removes_what_the_guide_creates() -> None:
         ("eksctl create cluster", "eksctl delete cluster"),  # with it the node groups' placement groups
         ("aws ec2 create-security-group", "aws ec2 delete-security-group"),
         ("create-bucket", "aws s3 rb"),
+        ("aws ec2 create-vpc-endpoint", "aws ec2 delete-vpc-endpoints"),
+        ('--group-name "${CLUSTER}-endpoints"', '--group-id "$ENDPOINT_SG"'),
+        ("helm upgrade --install kube-prometheus-stack", "helm uninstall kube-prometheus-stack"),
+        ("create secret generic hf-token", "delete secret hf-token"),
     ]:
         assert created in text and removed in cleanup, created
 

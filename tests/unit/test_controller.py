@@ -511,6 +511,7 @@ def test_a_precompile_trial_run_is_not_training_progress() -> None:
 def test_exported_names_are_what_metrics_serves() -> None:
     metrics.set_job_progress(NS, NAME, {"event": "train", "step": 1, "totalSteps": 2, "samplesPerSecond": 1.0})
     metrics.TRANSITIONS.labels(phase="Running", reason="Started")
+    metrics.JOB_FAILURES.labels(namespace=NS, reason="OOMKilled")
     served = {s.name for fam in REGISTRY.collect() for s in fam.samples if s.name.startswith("finetune_operator_")}
     metrics.clear_job(NS, NAME)
     assert served == metrics.exported_names()
@@ -914,3 +915,66 @@ def test_a_removed_queue_name_deletes_the_jobs_own_workload_by_uid() -> None:
     w.step()
     assert "delete_workload uid-workload-j" in w.api.calls
     assert sorted(o["metadata"]["name"] for o in w.api.created if o["kind"] == "Pod") == ["j-rank-0", "j-rank-1"]
+
+
+# -- operator-wide series: every full pass timed by outcome, and a job's failure counted once, by namespace and
+# -- reason (the real registry /metrics serves).
+def sample(name: str, labels: dict[str, str]) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def passes_timed(result: str) -> float:
+    return sample("finetune_operator_reconcile_duration_seconds_count", {"result": result})
+
+
+def failures(reason: str) -> float:
+    return sample("finetune_operator_job_failures_total", {"namespace": NS, "reason": reason})
+
+
+def test_every_full_pass_is_timed_with_its_outcome() -> None:
+    ok, err = passes_timed("success"), passes_timed("error")
+    w = World()
+    w.api.fail_creates = True
+    pause = w.step()  # raises inside the pass: an error pass
+    assert (passes_timed("success"), passes_timed("error")) == (ok, err + 1)
+    w.api.fail_creates = False
+    w.clock.advance(pause.seconds)
+    w.step()
+    w.step()  # not due: no pass, nothing observed
+    assert (passes_timed("success"), passes_timed("error")) == (ok + 1, err + 1) and w.passes() == 2
+
+
+def test_a_failed_job_is_counted_once_by_namespace_and_reason() -> None:
+    before = failures("OOMKilled")
+    w = World()
+    w.api.job["spec"]["runPolicy"] = {"backoffLimit": 0}
+    w.start_running()
+    w.pods[0]["status"] = {
+        "phase": "Failed",
+        "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}],
+    }
+    w.loop.wake()
+    w.step()
+    assert (w.api.job["status"]["phase"], w.api.job["status"]["reason"]) == ("Failed", "OOMKilled")
+    assert failures("OOMKilled") == before + 1
+    for _ in range(2):  # later passes of the failed job write no new failure
+        w.clock.advance(IDLE_REQUEUE_S)
+        w.loop.wake()
+        w.step()
+    assert failures("OOMKilled") == before + 1
+
+
+def test_a_refused_or_invalid_job_counts_as_an_invalid_spec_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = failures("InvalidSpec")
+    w = World()
+    monkeypatch.setattr(w.api, "create", raises(Refused("Pod", "j-rank-0", 422, "Pod is invalid")))
+    w.step()
+    assert w.api.job["status"]["phase"] == "Failed" and failures("InvalidSpec") == before + 1
+    # A job stored invalid (before a CRD upgrade tightened the schema) fails at validation instead.
+    w = World()
+    w.api.job["spec"]["hardware"]["nodes"] = 0
+    w.step()
+    w.clock.advance(IDLE_REQUEUE_S)
+    w.loop.wake()
+    w.step()
+    assert w.api.job["status"]["reason"] == "InvalidSpec" and failures("InvalidSpec") == before + 2

@@ -1,7 +1,8 @@
 """ftjob-cluster: pinned Kubernetes binaries and a local control plane (see docs/cluster.md).
 
 bin NAME...      print absolute paths of pinned binaries, fetching/building them first (`bin kueue` builds Kueue,
-                 `bin training-operator` the Kubeflow peer of make bench-peer)
+                 `bin training-operator` the Kubeflow peer of make bench-peer, `bin registry` and
+                 `bin prometheus` the registry and Prometheus of the test tooling)
 build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS,
                  and kube-network-policies where the kernel can run it; never Kueue: `make kueue-bin`)
 node-check       say whether this machine can run a node

@@ -139,6 +139,7 @@ class ModuleTool:
     package: str  # the Go package built
     directory: Path  # tools/cluster/<dir>: go.mod + go.sum
     ldflags: str
+    tags: tuple[str, ...] = ()  # Go build tags (-tags)
 
     def bin_dir(self) -> Path:
         return cache_root() / self.directory.name / self.version / "bin"
@@ -157,6 +158,21 @@ KUEUE_RELEASE_DATE = "2026-03-31T10:20:15Z"
 PEER_VERSION = "v1.8.1"
 PEER_MODULE = "github.com/kubeflow/training-operator"
 
+# The CNCF distribution registry (tools/cluster/registry): the OCI registry of the local cluster
+# (ftjob_cluster.registry), version-stamped as upstream's Makefile does.
+REGISTRY_VERSION = "v3.1.2"
+REGISTRY_MODULE = "github.com/distribution/distribution/v3"
+
+# Prometheus (tools/cluster/prometheus; Go module v0.316.0 is Prometheus 3.16.0): scrapes the operator in the
+# dashboard test (ftjob_cluster.prometheus). Built without the web UI's assets (upstream's `builtinassets` tag
+# embeds a UI compiled by npm) and with `remove_all_sd`: only the file and HTTP service discoveries (static
+# targets need none), not the cloud SDKs. Stamped as upstream's .promu.yml does; the date is the tag's time on
+# the Go proxy.
+PROMETHEUS_VERSION = "v0.316.0"
+PROMETHEUS_RELEASE = "3.16.0"
+PROMETHEUS_RELEASE_DATE = "20261105-15:06:51"
+PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
+
 
 def _kueue_ldflags() -> str:
     pkg = "sigs.k8s.io/kueue/pkg/version"
@@ -172,6 +188,28 @@ MODULE_TOOLS: dict[str, ModuleTool] = {
         f"{PEER_MODULE}/cmd/training-operator.v1",
         _TOOLS_DIR / "peer",
         "-s -w",
+    ),
+    "registry": ModuleTool(
+        "registry",
+        REGISTRY_VERSION,
+        REGISTRY_MODULE,
+        f"{REGISTRY_MODULE}/cmd/registry",
+        _TOOLS_DIR / "registry",
+        f"-s -w -X {REGISTRY_MODULE}/version.version={REGISTRY_VERSION}"
+        f" -X {REGISTRY_MODULE}/version.mainpkg={REGISTRY_MODULE}",
+    ),
+    "prometheus": ModuleTool(
+        "prometheus",
+        PROMETHEUS_VERSION,
+        PROMETHEUS_MODULE,
+        f"{PROMETHEUS_MODULE}/cmd/prometheus",
+        _TOOLS_DIR / "prometheus",
+        "-s -w "
+        + " ".join(
+            f"-X github.com/prometheus/common/version.{k}={v}"
+            for k, v in {"Version": PROMETHEUS_RELEASE, "Branch": "HEAD", "BuildDate": PROMETHEUS_RELEASE_DATE}.items()
+        ),
+        tags=("remove_all_sd",),
     ),
 }
 
@@ -285,6 +323,8 @@ def kueue_bin_dir() -> Path:
 
 def _tool_digest(tool: ModuleTool) -> str:
     h = hashlib.sha256(tool.ldflags.encode())
+    if tool.tags:  # only when set: the stamps of tools built without tags stay valid
+        h.update(",".join(tool.tags).encode())
     for rel in ("go.mod", "go.sum"):
         h.update((tool.directory / rel).read_bytes())
     return h.hexdigest()[:16]
@@ -329,6 +369,7 @@ def build_module_tool(name: str, force: bool = False) -> BuildResult | None:
                 jobs,
                 "-trimpath",
                 f"-ldflags={tool.ldflags}",
+                *([f"-tags={','.join(tool.tags)}"] if tool.tags else []),
                 "-o",
                 f"{tmp}/{name}",
                 tool.package,

@@ -81,6 +81,19 @@ class CertificateAuthority:
             key=_write(directory / "ca.key", _key_pem(self._key)),
         )
 
+    @classmethod
+    def load(cls, directory: Path) -> CertificateAuthority:
+        """The CA already in `directory` (ca.crt, ca.key: a cluster's pki/), to issue more leaves from it."""
+        ca = cls.__new__(cls)
+        ca.directory = directory
+        ca.pair = KeyPair(cert=directory / "ca.crt", key=directory / "ca.key")
+        ca._cert = x509.load_pem_x509_certificate(ca.pair.cert.read_bytes())
+        key = serialization.load_pem_private_key(ca.pair.key.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise TypeError(f"{ca.pair.key}: expected an EC key, got {type(key).__name__}")
+        ca._key = key
+        return ca
+
     def issue(
         self,
         stem: str,
