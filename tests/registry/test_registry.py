@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, Client, helm_client
+from registry_clients import Client, helm_client
 
 from ftjob_cluster.registry import Registry, basic_auth
 
-CHART = REPO / "charts" / "finetune-operator"
+CHART = Path(__file__).resolve().parents[2] / "charts" / "finetune-operator"
 MANIFEST_TYPES = ", ".join(
     [
         "application/vnd.oci.image.manifest.v1+json",

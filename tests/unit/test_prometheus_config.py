@@ -5,16 +5,11 @@ tests/controlplane/test_dashboard_queries.py scrapes the real operator with it."
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "cluster"))
-
-from ftjob_cluster.prometheus import PrometheusError, scrape_configs_from_service_monitor  # noqa: E402
+from ftjob_cluster.prometheus import PrometheusError, scrape_configs_from_service_monitor
 
 MONITOR: dict[str, Any] = {
     "metadata": {"name": "op", "namespace": "mon"},

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import tomllib
 from pathlib import Path
 
@@ -14,10 +13,7 @@ import bcrypt
 import kubernetes_validate
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "cluster"))
-
-from ftjob_cluster import bins, registry  # noqa: E402
+from ftjob_cluster import bins, registry
 
 HOST = "127.0.0.1:5443"
 CA = Path("/tmp/cluster/pki/ca.crt")
