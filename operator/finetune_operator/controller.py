@@ -36,6 +36,8 @@ from .api.validation import InvalidSpec
 from .builders.layout import launcher_of
 from .builders.names import Names
 from .builders.objects import SshKeys
+from .conditions import set_condition
+from .kueue import admitted_flavors
 from .metrics import (
     RECONCILE_ERRORS,
     RECONCILES,
@@ -45,18 +47,7 @@ from .metrics import (
     observe_pass,
     set_job_progress,
 )
-from .reconcile import (
-    Observed,
-    Plan,
-    Relabel,
-    admitted_flavors,
-    controller_uid,
-    reconcile,
-    set_condition,
-    slim_child,
-    slim_workload,
-    wind_down,
-)
+from .reconcile import Observed, Plan, Relabel, controller_uid, reconcile, slim_child, slim_workload, wind_down
 from .refusal import Refused, failed_status
 from .sshkeys import generate_keys
 

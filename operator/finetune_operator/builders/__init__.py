@@ -15,11 +15,14 @@ from .names import Names
 from .objects import SshKeys, config_map, network_policy, owner_reference, service, ssh_secret
 from .pods import mpi_pods, torchrun_pods
 
-__all__ = ["Children", "Layout", "Names", "Placement", "SshKeys", "desired", "image_for", "owner_reference", "resolve"]
+__all__ = ["Desired", "Layout", "Names", "Placement", "SshKeys", "desired", "image_for", "owner_reference", "resolve"]
 
 
 @dataclass(frozen=True)
-class Children:
+class Desired:
+    """What `desired()` builds: every object the job's spec calls for (the children it should have, not the
+    ones it has)."""
+
     layout: Layout
     names: Names
     objects: list[dict[str, Any]]  # Service, ConfigMap, Secret: created once, never recreated by restarts
@@ -42,7 +45,7 @@ def desired(
     attempt: int = 0,
     network_policy_config: Mapping[str, Any] | None = None,
     placements: Mapping[str, Placement] | None = None,
-) -> Children:
+) -> Desired:
     """Every child of `job` (validated, defaults applied). MPI jobs get their SSH Secret only when `ssh_keys`
     are given: the operator makes keys only for a job whose (immutable) Secret does not exist yet, `ftjob
     render` always. With the operator's `networkPolicy: {enabled: true, extraIngress: [...]}`, a
@@ -61,7 +64,7 @@ def desired(
     else:
         pods = torchrun_pods(job, layout, names, image, attempt, placements)
     # Independent copies: callers mutate and serialise them freely.
-    return Children(layout, names, tree_copy(objects), tree_copy(pods))
+    return Desired(layout, names, tree_copy(objects), tree_copy(pods))
 
 
 def tree_copy(value: Any) -> Any:
