@@ -20,7 +20,7 @@ from ftjobs import load_sample
 from kubernetes import client
 from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, status, two_rank_job
 
-from finetune_operator.controller import IDLE_REQUEUE_S
+from finetune_operator.pacing import IDLE_REQUEUE_S
 from ftjob_cluster.kueue import KueueProcess
 
 ROOT = Path(__file__).resolve().parents[2]

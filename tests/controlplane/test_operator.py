@@ -33,8 +33,8 @@ from operator_support import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from finetune_operator.controller import ERROR_BACKOFF_S
 from finetune_operator.k8s import Kube
+from finetune_operator.pacing import ERROR_BACKOFF_S
 from finetune_runtime.progress import format_line
 
 
