@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib.metadata
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import kopf
@@ -225,17 +226,53 @@ async def job_daemon(
         await loop.run(lambda: bool(stopped), children)  # returns once the job is gone (JobLoop.gone)
 
 
-def _register_daemon() -> None:
-    """kopf.daemon, without the finalizer kopf puts on every object a daemon runs for. The finalizer would only
-    make a deletion wait for the daemon to stop; nothing needs to be cleaned up then (the children go by their
-    owner references), and it costs a patch of every job when it is created and another when it is deleted.
-    Without it the loop ends itself: a deletion's watch event wakes it, and a pass that finds the job gone (or
-    a new job of the same name) returns (controller.JobLoop.gone). Jobs that still carry the finalizer from an
-    earlier operator lose it at their next event (kopf removes a finalizer nothing requires)."""
+# kopf versions daemon_without_finalizer was tested with. It reaches into kopf's private registry
+# (OperatorRegistry._spawning, its handlers' requires_finalizer), which any kopf release may change: on another
+# version the operator stops at import with UntestedKopf, rather than run with its daemon lost or a finalizer
+# back on every job. To move to a new kopf: add it here, run the unit and control-plane tiers with it, keep it
+# only if they pass (tests/unit/test_kopf_patch.py checks the registration itself).
+KOPF_TESTED = ("1.45.2",)
+
+
+class UntestedKopf(RuntimeError):
+    """The installed kopf is not one that daemon_without_finalizer was tested with (KOPF_TESTED)."""
+
+
+def daemon_without_finalizer(
+    fn: Callable[..., Any],
+    *,
+    id: str,
+    cancellation_timeout: float,
+    registry: kopf.OperatorRegistry | None = None,
+    kopf_version: str | None = None,
+) -> None:
+    """kopf.daemon on FineTuneJobs, into `registry` (kopf's default one unless given), without the finalizer kopf
+    puts on every object a daemon runs for. The one place that touches kopf's private registry: the daemon is
+    registered in a registry of its own, and its handler copied over with requires_finalizer=False. Raises
+    UntestedKopf, before touching any registry, when the installed kopf (or `kopf_version`) is not in KOPF_TESTED."""
+    version = kopf_version or importlib.metadata.version("kopf")
+    if version not in KOPF_TESTED:
+        raise UntestedKopf(
+            f"kopf {version} is installed, but this operator was tested with kopf {', '.join(KOPF_TESTED)} only: "
+            "finetune_operator.handlers.daemon_without_finalizer patches kopf's private daemon registry "
+            f"(OperatorRegistry._spawning). Install a tested one (pip install 'kopf=={KOPF_TESTED[-1]}'), or add "
+            "this one to handlers.KOPF_TESTED and keep it only if the unit and control-plane tests pass with it"
+        )
     private = kopf.OperatorRegistry()
-    kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, id="job_daemon", cancellation_timeout=10.0, registry=private)(job_daemon)
+    kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, id=id, cancellation_timeout=cancellation_timeout, registry=private)(fn)
+    target = registry if registry is not None else kopf.get_default_registry()
     for handler in private._spawning.get_all_handlers():
-        kopf.get_default_registry()._spawning.append(dataclasses.replace(handler, requires_finalizer=False))
+        target._spawning.append(dataclasses.replace(handler, requires_finalizer=False))
+
+
+def _register_daemon() -> None:
+    """The job daemon, without a finalizer (daemon_without_finalizer). The finalizer would only make a deletion
+    wait for the daemon to stop; nothing needs to be cleaned up then (the children go by their owner
+    references), and it costs a patch of every job when it is created and another when it is deleted. Without it
+    the loop ends itself: a deletion's watch event wakes it, and a pass that finds the job gone (or a new job of
+    the same name) returns (controller.JobLoop.gone). Jobs that still carry the finalizer from an earlier
+    operator lose it at their next event (kopf removes a finalizer nothing requires)."""
+    daemon_without_finalizer(job_daemon, id="job_daemon", cancellation_timeout=10.0)
 
 
 _register_daemon()
