@@ -55,8 +55,6 @@ GO_PACKAGES: dict[str, str] = {
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
 }
-# CoreDNS release built from tools/cluster/coredns (its go.mod pins it); cluster DNS of the local node.
-COREDNS_VERSION = "v1.15.0"
 # kube-network-policies release built from tools/cluster/netpol (its go.mod pins it): the node's NetworkPolicy
 # enforcement (node.NetworkPolicyAgent). The Go proxy's kube-router (v2.1.0) has reported security flaws.
 NETPOL_VERSION = "v0.8.0"
@@ -380,11 +378,6 @@ def build_module_tool(name: str, force: bool = False) -> BuildResult | None:
         took = time.monotonic() - start
         _log(f"built {name} in {took:.0f} s into {out}")
         return BuildResult(seconds=took, names=[name])
-
-
-def build_kueue(force: bool = False) -> BuildResult | None:
-    """Build Kueue's manager into kueue_bin_dir(). Returns None when the cache was already current."""
-    return build_module_tool("kueue", force)
 
 
 def module_dir(name: str) -> Path:
