@@ -44,20 +44,20 @@ class GenerationOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
     """kopf builds an "essence" of every watched object on every watch event (a deep copy of its body less
     metadata and status) to diff it for on.create/on.update/on.resume handlers and to reset idle daemons. This
     operator has neither kind (it is level-triggered: every pass starts from the whole job), so that copy of
-    every pod and job on every event was pure cost: 15% of the operator's CPU while 200 jobs started
-    (benchmarks/README.md). The essence here is the object's generation, which changes with its spec, and is
-    never stored. tests/unit/test_controller.py fails if a change handler is ever registered, since it would
-    see no real diff."""
+    every pod and job on every event was pure cost, a large share of the operator's CPU while jobs start
+    (docs/operator.md, "CPU per watch event"). The essence here is the object's generation, which changes with
+    its spec, and is never stored. tests/unit/test_controller.py fails if a change handler is ever registered,
+    since it would see no real diff."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         return cast(kopf.BodyEssence, {"generation": body.get("metadata", {}).get("generation")})
 
 
 # kopf runs one worker task per watched object while its events come in, and lets it go after this many idle
-# seconds (kopf's default 5). At 5 s, a burst of 200 new jobs kept about 1,000 workers (every job, pod, Service
-# and ConfigMap) alive at once, their tasks, queues and frames spread over pymalloc arenas that a few survivors
-# then pinned: peak RSS 112 MiB and 112 after every job was deleted. At 1 s: 98 and 95, at the same CPU per job
-# (docs/operator.md, "Known limits"). A worker that expires early costs only a new task at the object's next
+# seconds (kopf's default 5). At 5 s, a burst of new jobs kept a worker for every job, pod, Service and ConfigMap
+# alive at once, their tasks, queues and frames spread over pymalloc arenas that a few survivors then pinned: a
+# higher peak RSS, kept after every job was deleted, for no less CPU per job (docs/operator.md, "Known limits",
+# has the numbers). A worker that expires early costs only a new task at the object's next
 # event; one awaiting its own patch's consistency stays as long as kopf needs.
 WORKER_IDLE_S = 1.0
 
@@ -182,7 +182,7 @@ async def _job_event(
 def drop_managed_fields(body: kopf.Body) -> None:
     """Removes metadata.managedFields from kopf's own copy of a job, the one it keeps for the job's daemon until
     the next watch event replaces it. Server-side field tracking lists every field of the spec and status once
-    more: 15 of the 27 KiB of Python objects of a sample job's body (docs/operator.md, "Known limits"). Neither
+    more, most of a job body's memory (docs/operator.md, "Known limits"). Neither
     kopf nor this operator reads them; `body["metadata"]` is the decoded watch event's own dict, which kopf
     never writes back (its patches are built apart from the body)."""
     meta = body.get("metadata")
@@ -280,10 +280,9 @@ _register_daemon()
 
 def freeze_startup_objects() -> None:
     """Takes every object alive now out of the cyclic garbage collector's scans: the modules, classes and
-    functions of kopf, the Kubernetes client and this package, about 78,000 tracked objects that live as long as
-    the process. Without it each full collection walked them all again; while 200 jobs started, were deleted and
-    started again, full collections took 2.6 s of the operator's CPU, 1.5 s with the freeze (docs/operator.md,
-    "CPU per watch event")."""
+    functions of kopf, the Kubernetes client and this package, tracked objects that live as long as the process.
+    Without it each full collection walked them all again, a cost that grew with the jobs' churn
+    (docs/operator.md, "CPU per watch event", has the numbers)."""
     gc.collect()
     gc.freeze()
 

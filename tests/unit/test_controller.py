@@ -758,7 +758,7 @@ def test_the_diff_base_is_the_generation_and_copies_nothing() -> None:
 
 
 def test_the_operator_freezes_its_startup_objects_before_kopf_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Full garbage collections walk every tracked object; the ~78,000 of the imported modules never die, so
+    """Full garbage collections walk every tracked object; the tens of thousands of the imported modules never die, so
     run_operator takes them out of the scans (gc.freeze) before kopf starts watching."""
     frozen_at_run: list[int] = []
     monkeypatch.setattr(handlers.kopf, "run", lambda **_: frozen_at_run.append(gc.get_freeze_count()))

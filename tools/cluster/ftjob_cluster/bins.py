@@ -294,8 +294,9 @@ def build_go_binaries(force: bool = False, group: str = "control-plane") -> Buil
         for stale in [*out.parent.glob(f".build-{group}-*"), *out.parent.glob(f".gocache-{group}-*")]:
             shutil.rmtree(stale, ignore_errors=True)
         env = {**os.environ, "GOFLAGS": "-mod=mod", "GOMAXPROCS": jobs, "CGO_ENABLED": "0"}
-        # The compiled-package cache for this build is ~4 GB and only pays off when go.mod changes, which is
-        # rare: unless the caller names one (FTJOB_GO_CACHE or GOCACHE), use a throwaway one.
+        # The compiled-package cache for this build is gigabytes (docs/cluster.md, "Build cost") and only pays off
+        # when go.mod changes, which is rare: unless the caller names one (FTJOB_GO_CACHE or GOCACHE), use a
+        # throwaway one.
         keep_cache = os.environ.get("FTJOB_GO_CACHE") or os.environ.get("GOCACHE")
         _log(f"building {', '.join(build.packages)} with {go} (first run only, see docs/cluster.md)")
         start = time.monotonic()
