@@ -92,7 +92,7 @@ async def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | 
     is read back as the job's own and its labels are put back (k8s.Kube.create), and it re-enters the watch.
 
     The index can lag behind the operator's own writes by one watch event; the job's loop covers for it: a pod
-    it just created and the index does not show yet counts as existing (JobLoop.created), and one created again
+    it just created and the index does not show yet counts as existing (expectations.py), and one created again
     anyway meets a 409 that is read back as its own; a pod it just deleted and still sees belongs to an older
     attempt or is deleted again (404 ignored). The status the loop works from is what the API answered to its
     own last write, or a fresh read, so restarts are never counted twice."""
@@ -106,7 +106,7 @@ async def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | 
 # carry its labels. Each kind's watch is filtered server-side (see _configure). NetworkPolicies are indexed only
 # when the operator makes them (run_operator): otherwise its RBAC cannot watch them. Secrets are not watched at
 # all, so the operator needs no cluster-wide list/watch on Secrets: the one Secret it makes (an MPI job's SSH
-# identity) is created once per loop and a 409 read back by name (controller.JobLoop.made).
+# identity) is created once per loop and a 409 read back by name (expectations.Expectations.made).
 _CHILD_INDEXES = {"services": "Service", "configmaps": "ConfigMap"}
 _POLICY_INDEX = ("networkpolicies", "NetworkPolicy")
 
@@ -220,7 +220,7 @@ async def job_daemon(
 
     loops: Loops = memo.loops
     # The first pass works from kopf's body of the job (as fresh as a read: it came with the watch that started
-    # this daemon) and reads it only when a watch event or a timer says so (controller.JobLoop.job).
+    # this daemon) and reads it only when a watch event or a timer says so (jobcache.JobCache).
     api = loops.kube(lambda: Kube(shared_client()))
     with loops.running(JobLoop(*key, api, config, body=body)) as loop:
         await loop.run(lambda: bool(stopped), children)  # returns once the job is gone (JobLoop.gone)
