@@ -602,7 +602,8 @@ def converge(p: Pass) -> Plan:
     return p.plan
 
 
-# In order: the first phase that returns a plan ends the pass; converge always does.
+# In order: the first phase that returns a plan ends the pass; converge always does. The one list of phases: `queued`
+# (with the rest of the Kueue logic) lives in kueue.py.
 PHASES: tuple[Phase, ...] = (terminal, allowlists, suspended, queued, deadline, group_failure, success)
 
 
