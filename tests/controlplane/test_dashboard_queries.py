@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_support import Cluster
 from dashboards import ROOT, dashboards, queries, substitute, variables
 from kubernetes import client
 from operator_support import (
@@ -34,7 +35,6 @@ from operator_support import (
 from finetune_runtime.progress import format_line
 from ftjob_cluster import bins
 from ftjob_cluster.prometheus import Prometheus, prometheus_config, scrape_configs_from_service_monitor
-from ftjob_cluster.testing import Cluster
 
 CHART = ROOT / "charts" / "finetune-operator"
 RELEASE_NAMESPACE = "finetune-operator"
