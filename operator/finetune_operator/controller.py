@@ -36,7 +36,7 @@ from .api.validation import InvalidSpec
 from .builders.layout import launcher_of
 from .builders.names import Names
 from .builders.objects import SshKeys
-from .conditions import set_condition
+from .conditions import TERMINAL, set_condition
 from .expectations import Expectations
 from .jobcache import JobCache
 from .kueue import admitted_flavors
@@ -56,8 +56,6 @@ from .sshkeys import generate_keys
 
 log = logging.getLogger("finetune_operator")
 
-# A finished job (no TTL to wait for) has no timer: only a watch event on it or its children wakes its loop.
-FINISHED = ("Succeeded", "Failed")
 FOLLOWED = ("Running", "Precompiling")  # phases whose progress is read from rank 0's log
 
 
@@ -463,8 +461,9 @@ class JobLoop:
             return IDLE_REQUEUE_S
         if plan.requeue_after is not None:
             return min(IDLE_REQUEUE_S, max(0.5, plan.requeue_after))
-        if plan.status.get("phase") in FINISHED and not plan.create and not plan.delete_pods:
-            return math.inf  # no work for a finished job until a watch event brings some
+        if plan.status.get("phase") in TERMINAL and not plan.create and not plan.delete_pods:
+            # A finished job (no TTL to wait for) has no timer: only a watch event on it or its children wakes it.
+            return math.inf
         return IDLE_REQUEUE_S
 
     def refresh_progress(self) -> None:
