@@ -11,8 +11,8 @@ export UV_SYSTEM_CERTS := 1
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 # Wheels this Makefile builds once and every venv's install finds (--find-links): unidic-lite (the MeCab dictionary
 # the runtime depends on) exists only as an sdist. Behind a TLS-intercepting proxy uv cannot revalidate its cached
-# download, so it rebuilt that sdist (a 550 MB tree in its cache) for every new venv: 13 GB after 14 CI runs filled
-# the disk. UV_INSTALL is the one install command; it drops the cache's unreachable entries afterwards.
+# download, so it rebuilt that sdist for every new venv and kept each build until the disk filled (docs/cluster.md,
+# "Disk use"). UV_INSTALL is the one install command; it drops the cache's unreachable entries afterwards.
 WHEELHOUSE := $(HOME)/.cache/finetune-operator/wheels
 UNIDIC_LITE_VERSION := 1.0.8
 UNIDIC_WHEEL := $(WHEELHOUSE)/unidic_lite-$(UNIDIC_LITE_VERSION)-py3-none-any.whl

@@ -1,5 +1,5 @@
 # Benchmarks: numbers, never pass/fail (see benchmarks/README.md). Not part of `make test`.
-# QUICK=1 (or `make bench-quick`): every benchmark in a short form, under 5 minutes on an idle 2-core machine.
+# QUICK=1 (or `make bench-quick`): every benchmark in a short form (how long each takes: benchmarks/README.md).
 BENCH_JOBS ?= $(if $(QUICK),20,200)
 BENCH_OUT ?= benchmarks/results/latest
 BENCH_QUICK := $(if $(QUICK),--quick,)
@@ -9,7 +9,7 @@ BENCH_PEER_ROUNDS ?= 1
 
 .PHONY: bench bench-quick bench-render bench-request-cost bench-operator bench-runtime bench-data bench-compile-cache bench-gpu bench-peer peer-bin
 
-bench: bench-render bench-data bench-runtime $(if $(QUICK),,bench-compile-cache) bench-request-cost bench-operator ## Every benchmark but the Kubeflow peer comparison (make bench-peer: 13 minutes alone under load); results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
+bench: bench-render bench-data bench-runtime $(if $(QUICK),,bench-compile-cache) bench-request-cost bench-operator ## Every benchmark but the Kubeflow peer comparison (make bench-peer, the longest: run it alone); results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
 
 bench-quick: ## The whole benchmark set in its short form (make bench QUICK=1)
 	$(MAKE) bench QUICK=1

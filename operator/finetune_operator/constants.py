@@ -25,7 +25,7 @@ LABEL_RANK: Final = f"{GROUP}/rank"  # pod index among rank-holding pods
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"  # restartCount the pod was created for; older ones are torn down
 
 # Kueue (spec.runPolicy.queueName): the operator creates one Workload per job (builders/workload.py), named
-# like the job, and creates pods only while it is admitted (reconcile.queued). Read by the builder, k8s.py
+# like the job, and creates pods only while it is admitted (kueue.queued). Read by the builder, k8s.py
 # and the chart's RBAC. The queue-name label is also set on the Workload, as Kueue's own integrations do.
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 KUEUE_VERSION: Final = "v1beta2"

@@ -1,13 +1,16 @@
-"""The per-job loop: one `JobLoop` per FineTuneJob owns everything that job's control needs between passes.
+"""The per-job loop: one `JobLoop` per FineTuneJob, for as long as kopf's daemon for the job runs.
 
 A full pass reads the job and its children (from the watch-fed indexes, given by the caller), runs the pure
-`reconcile()` and applies the plan. The job is read fresh from the API unless the loop holds it as the API held it
-after the loop's own last write or read, and no watch event since says that anything else changed it: a pass
-woken by its own children's events then costs no read (see `JobLoop.job`). Between passes the loop sleeps
-until a watch event on the job or one of its children wakes it, or a timer falls due: the next pass (deadline,
-TTL, or the idle safety net), a progress refresh of a training job, or the end of an error backoff. No kopf
-here: handlers.py makes one loop per job daemon and routes watch events to it through `Loops`; the loop's rules
-(backoff, wake-ups, progress clock) run in unit tests with a fake clock and a fake API (tests/unit/test_controller.py).
+`reconcile()` and applies the plan. Between passes the loop sleeps until a watch event on the job or one of its
+children wakes it, or a timer falls due: the next pass (deadline, TTL, or the idle safety net), a progress
+refresh of a training job, or the end of an error backoff. `JobLoop` keeps the pass itself and composes three
+parts, each with one job and unit-tested alone with a fake clock:
+- `jobcache.JobCache`: the job as the loop holds it (kopf's body, the answer to its own last write) and when to
+  read it fresh, so that a pass woken by its own children's events costs no read;
+- `expectations.Expectations`: what the loop created that the indexes do not show yet;
+- `pacing.Pacing`: wake-ups, the next pass, the error backoff and the progress clock.
+No kopf here: handlers.py makes one loop per job daemon and routes watch events to it through `Loops`; the
+loop's rules run in unit tests with a fake clock and a fake API (tests/unit/test_controller.py).
 """
 
 from __future__ import annotations
@@ -17,12 +20,9 @@ import contextlib
 import copy
 import ctypes
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -36,6 +36,10 @@ from .api.validation import InvalidSpec
 from .builders.layout import launcher_of
 from .builders.names import Names
 from .builders.objects import SshKeys
+from .conditions import TERMINAL, set_condition
+from .expectations import Expectations
+from .jobcache import JobCache
+from .kueue import admitted_flavors
 from .metrics import (
     RECONCILE_ERRORS,
     RECONCILES,
@@ -45,43 +49,14 @@ from .metrics import (
     observe_pass,
     set_job_progress,
 )
-from .reconcile import (
-    Observed,
-    Plan,
-    Relabel,
-    admitted_flavors,
-    controller_uid,
-    reconcile,
-    set_condition,
-    slim_child,
-    slim_workload,
-    wind_down,
-)
+from .pacing import IDLE_REQUEUE_S, Pacing, Pause
+from .reconcile import Observed, Plan, Relabel, reconcile, wind_down
 from .refusal import Refused, failed_status
 from .sshkeys import generate_keys
 
 log = logging.getLogger("finetune_operator")
 
-# A full pass runs when a watch event on the job or one of its children wakes the loop, and at least this often
-# as a safety net for a watch event lost (every child kind the operator makes is watched, but for Secrets).
-# Such a timer pass reads the job fresh unless the loop's copy came from the API (a read, or the answer to a
-# status patch, which carries the whole job) within this time.
-IDLE_REQUEUE_S = 60.0
-# While training, rank 0's log is read this often; between full passes that is the only request, plus a
-# status patch when the progress changed, which wakes no pass (JobLoop.job_event): at most 4 requests per
-# minute per training job (benchmarks/README.md).
-PROGRESS_EVERY_S = 30.0
-# A finished job (no TTL to wait for) has no timer: only a watch event on it or its children wakes its loop.
-FINISHED = ("Succeeded", "Failed")
-# Statuses this loop wrote lately, whose watch events are its own echo and wake nothing (JobLoop.job_event).
-ECHOES_KEPT = 8
-# A child created by this loop counts as existing until a watch event on it arrives or the index shows it, for
-# at most this long (then a create again meets a 409 and reads it back): JobLoop.created.
-CREATED_MEMORY_S = 30.0
 FOLLOWED = ("Running", "Precompiling")  # phases whose progress is read from rank 0's log
-# Seconds before the next pass after 1, 2, ... failed passes in a row (the last one repeats). Read by the
-# control-plane backoff test too.
-ERROR_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 @dataclass
@@ -103,9 +78,6 @@ class Children:
 # threads the raw benchmark writes with (benchmarks/operator_scale.py).
 CREATE_CONCURRENCY = 8
 _creates = ThreadPoolExecutor(CREATE_CONCURRENCY, thread_name_prefix="create")
-# Kinds the operator creates but does not watch (handlers.py): a loop remembers the ones it made or found to be
-# its own in `JobLoop.made`. A new loop (operator restart) creates again and reads the 409 back once.
-UNWATCHED_KINDS = ("Secret",)
 
 
 class _KeysFailed(Exception):
@@ -209,24 +181,6 @@ def apply(
     return patched, created
 
 
-def fingerprint(job: Mapping[str, Any], status: Mapping[str, Any]) -> bytes:
-    """A job's uid, generation and the status as one short digest (keys with null values are absent, as the API
-    server stores a merge patch)."""
-    meta = job.get("metadata") or {}
-    live = {k: v for k, v in status.items() if v is not None}
-    text = json.dumps([meta.get("uid"), meta.get("generation"), live], sort_keys=True, default=str)
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
-
-
-def lean(job: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The job without metadata.managedFields (what a loop keeps of it: reconcile never reads them)."""
-    if job is None:
-        return None
-    out = dict(job)
-    out["metadata"] = {k: v for k, v in (job.get("metadata") or {}).items() if k != "managedFields"}
-    return out
-
-
 def create_all(api: Api, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Creates in two waves, each concurrent (CREATE_CONCURRENCY): first what the pods mount or sit behind
     (Service, ConfigMap, Secret, ...), then the pods, so a pod never starts before its configuration exists.
@@ -267,8 +221,8 @@ class _Planned:
 class Followed:
     """What a progress refresh between passes needs of a Running/Precompiling job (JobLoop.refresh_progress): the
     job's identity for the echo fingerprint, where rank 0's progress is printed, and the status this loop last
-    wrote. Not the job itself: a training job can be followed for days, and its validated copy (about 11 KiB of
-    Python objects for the samples) is what a pass needs, not a refresh."""
+    wrote. Not the job itself: a training job can be followed for days, and its validated copy (larger than all of
+    this, benchmarks/README.md) is what a pass needs, not a refresh."""
 
     ident: dict[str, Any]  # {"metadata": {"uid", "generation"}}: all fingerprint() reads of the job
     source: tuple[str, str]  # rank0_log_source(job, phase)
@@ -281,32 +235,12 @@ class Followed:
         return cls(ident, rank0_log_source(job, status.get("phase")), status)
 
 
-@dataclass(frozen=True)
-class Pause:
-    """How long the loop sleeps after a step."""
-
-    seconds: float
-    wakeable: bool  # False while backing off (see JobLoop.pass_due): a plain sleep, not a wait for a wake-up
-
-
 class JobLoop:
-    """One job's loop. Its state lives here, for as long as kopf's daemon for the job runs:
-    - `next_pass`: clock time of the next full pass; a wake-up brings it forward (except while backing off);
-    - `failures`: failed passes in a row, which pick the backoff from ERROR_BACKOFF_S;
-    - `job`: the job as the API server held it after this loop's last status write or read, or None when it must
-      be read fresh (at first, unless the daemon gave kopf's body; after a watch event that is not this loop's
-      own echo; before a timer pass). The loop is the only writer of the status, and a spec change bumps the
-      generation, which is never an echo. Once the echo of the loop's last write arrives, `job` is kopf's body
-      of that same version (shallow: spec and status are kopf's objects, never modified here), so a job is held
-      in memory once, not twice;
-    - `echoes`: fingerprints of the statuses this loop wrote lately: a watch event showing one of them (same
-      generation) is the loop's own write coming back and wakes nothing;
-    - `followed`: for a Running/Precompiling job, what progress refreshes between passes need (`Followed`);
-    - `progress_read_at`: clock time of the last read of rank 0's log (at most one per PROGRESS_EVERY_S);
-    - `made`: "Kind/name" -> job uid of the unwatched children (UNWATCHED_KINDS) this loop created or found to
-      be the job's own, so their key pairs are made once;
-    - `created`: "Kind/name" -> (the object, clock time) of watched children this loop created that the indexes
-      have not shown yet: a pass woken by the first of a wide job's pod events must not create the others again.
+    """One job's loop: the pass (`reconcile_once`: read, plan, apply), and the parts that keep its state:
+    `cache` (jobcache.JobCache), `expected` (expectations.Expectations) and `pace` (pacing.Pacing). Besides them:
+    - `uid`: the job's, from kopf's body or the first read: a job of the same name with another uid is another job;
+    - `gone`: the job was deleted (or replaced by a new one of the same name): the loop ends;
+    - `followed`: for a Running/Precompiling job, what progress refreshes between passes need (`Followed`).
     `clock` is monotonic seconds and `now` the wall clock for status timestamps; tests pass fakes."""
 
     def __init__(
@@ -322,127 +256,53 @@ class JobLoop:
     ) -> None:
         self.namespace, self.name = namespace, name
         self.api, self.config = api, config
-        self.clock, self.now = clock, now
-        self.next_pass = clock()  # the first pass is due at once
-        self.failures = 0
+        self.now = now
+        self.cache = JobCache(body, clock)
+        self.expected = Expectations(clock)
+        self.pace = Pacing(clock)
         self.passes = 0
-        self.job: dict[str, Any] | None = lean(body)
-        self.live = body  # kopf's body of the job, which kopf replaces with each watch event's (see hold)
-        self.ticking = False  # a step runs in a worker thread (run): only that thread sets `job` meanwhile
-        self.job_at = clock()  # when `job` came from the API
-        self.uid: str | None = body["metadata"].get("uid") if body is not None else None  # else the first read's
-        self.gone = False  # the job was deleted (or replaced by a new one of the same name): the loop ends
-        self.echoes: deque[bytes] = deque(maxlen=ECHOES_KEPT)
+        self.uid: str | None = body["metadata"].get("uid") if body is not None else None
+        self.gone = False
         self.followed: Followed | None = None
-        self.progress_read_at: float | None = None
-        self.made: dict[str, str] = {}
-        self.created: dict[str, tuple[dict[str, Any], float]] = {}
-        self._woken = asyncio.Event()  # set by watch events (on the event loop); binds to no loop until awaited
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
 
-    # -- wake-ups and timers ------------------------------------------------------------------------------------
+    # -- watch events (on the event loop) -------------------------------------------------------------------------
     def wake(self) -> None:
         """A watch event on the job or one of its children: run a full pass as soon as the loop may."""
-        self._woken.set()
+        self.pace.wake()
 
     def job_event(self, body: Mapping[str, Any], deleted: bool = False) -> None:
-        """A watch event on the job (on the event loop). This loop's own status write coming back wakes nothing;
-        anything else (a spec change, a deletion, a status another writer set) is read fresh by the next pass."""
-        meta = body.get("metadata") or {}
-        mine = fingerprint(body, body.get("status") or {}) in self.echoes
-        if mine and not deleted and not meta.get("deletionTimestamp"):
-            self.hold(body)
-            return
-        self.job = None
-        self.wake()
-
-    def hold(self, body: Mapping[str, Any] | None) -> None:
-        """When `body` (kopf's, from a watch event) is the version of the job this loop holds, keep kopf's objects
-        and drop the loop's own copy. Called on the event loop, where kopf replaces its body: on the echo of the
-        loop's write, and after each step, for an echo that arrived while the write was still being answered. Not
-        while a step runs: its thread may have just dropped `job` to read the job fresh, which must stand."""
-        job = self.job
-        if self.ticking or body is None or job is None:
-            return
-        meta = body.get("metadata") or {}
-        if meta.get("resourceVersion") == job["metadata"].get("resourceVersion") and body.get("spec") is not job.get(
-            "spec"
-        ):
-            self.job = lean(body)
+        """A watch event on the job: wakes the loop unless it is the loop's own status write coming back."""
+        if self.cache.event(body, deleted):
+            self.wake()
 
     def child_event(self, ref: str, wake: bool = True) -> None:
-        """A watch event on a child ("Kind/name"): the index holds its newest state, so a create this loop
-        remembers (`created`) no longer needs to cover for the index's lag."""
-        self.created.pop(ref, None)
+        """A watch event on a child ("Kind/name"): the index holds its newest state, so a create the loop
+        expects no longer needs to cover for the index's lag."""
+        self.expected.seen(ref)
         if wake:
             self.wake()
 
-    def _intend(self, job: Mapping[str, Any], status: Mapping[str, Any]) -> None:
-        """Before a status write: its watch event is an echo (see job_event)."""
-        self.echoes.append(fingerprint(job, status))
-
-    def _remember(self, patched: dict[str, Any] | None, sent: bool, raw: dict[str, Any] | None) -> None:
-        """After a status write: the job as the API server answered it; unchanged when nothing was sent."""
-        self.job = lean(patched) if sent else raw  # None (gone, or a fake API that answers nothing): read it fresh
-        if sent:
-            self.job_at = self.clock()
-
-    def pass_due(self) -> bool:
-        """A wake-up makes the pass due at once, except while backing off after failed passes: the failure's
-        own status patch sends a watch event, which must not cut the backoff short."""
-        if self._woken.is_set() and not self.failures:
-            return True
-        return self.clock() >= self.next_pass
-
-    def _progress_due_in(self) -> float:
-        if self.progress_read_at is None:
-            return 0.0
-        return PROGRESS_EVERY_S - (self.clock() - self.progress_read_at)
-
-    def pause(self) -> Pause:
-        """After a step: until the next pass, or the next progress read of a followed job, whichever is first."""
-        until_pass = self.next_pass - self.clock()
-        if math.isinf(until_pass):
-            return Pause(math.inf, wakeable=True)
-        if self.failures:
-            return Pause(max(0.0, until_pass), wakeable=False)
-        if self.followed is not None:
-            until_pass = min(until_pass, self._progress_due_in())
-        return Pause(max(0.0, until_pass), wakeable=True)
-
     # -- one step -------------------------------------------------------------------------------------------------
+    def pause(self) -> Pause:
+        return self.pace.pause(following=self.followed is not None)
+
     def take(self, children: Callable[[], Children | tuple[Any, ...]]) -> Children | None:
-        """When a full pass is due: clear the wake-up (an event during the pass triggers another) and copy the
-        children. Called on the event loop, which is what updates the indexes `children` reads."""
-        if not self.pass_due():
+        """When a full pass is due: use up the wake-up (an event during the pass triggers another) and copy the
+        children, with what the loop created that the indexes do not show yet. Called on the event loop, which is
+        what updates the indexes `children` reads."""
+        if not self.pace.pass_due():
             return None
-        if not self._woken.is_set() and self.passes and self.clock() - self.job_at >= IDLE_REQUEUE_S:
-            self.job = None  # a timer pass reads the job fresh unless the API answered with it lately
-        self._woken.clear()
+        if not self.pace.start_pass() and self.passes:
+            self.cache.expire(IDLE_REQUEUE_S)  # a timer pass reads the job fresh unless the API answered lately
         got = children()
         got = got if isinstance(got, Children) else Children(*got)
         taken = Children(list(got.pods), dict(got.objects), list(got.workloads), dict(got.mislabelled))
-        return self._with_created(taken)
-
-    def _with_created(self, children: Children) -> Children:
-        """The indexes' children plus what this loop created that they do not show yet (`created`)."""
-        now = self.clock()
-        pods, objects, workloads = children.pods, children.objects, children.workloads
-        shown = {f"Pod/{p['metadata']['name']}" for p in pods} | objects.keys()
-        shown |= {f"Workload/{w['metadata']['name']}" for w in workloads}
-        for ref, (obj, at) in list(self.created.items()):
-            if ref in shown or now - at > CREATED_MEMORY_S:
-                del self.created[ref]
-            elif obj["kind"] == "Pod":
-                pods.append(obj)
-            elif obj["kind"] == "Workload":
-                workloads.append(obj)
-            else:
-                objects[ref] = controller_uid(obj)
-        return children
+        self.expected.add_to(taken.pods, taken.objects, taken.workloads)
+        return taken
 
     def tick(self, children: Children | None) -> Pause:
         """A full pass when `take()` gave children, else a progress refresh when one is due. Blocking (API
@@ -469,64 +329,53 @@ class JobLoop:
             if taken is None and not self._refresh_due():
                 pause = self.pause()  # nothing due (a wake-up while backing off ends here): no thread needed
             else:
-                self.ticking = True
-                try:
+                with self.cache.stepping():
                     pause = await loop.run_in_executor(None, self.tick, taken)
-                finally:
-                    self.ticking = False
-                self.hold(self.live)
-            if not pause.wakeable:
-                await asyncio.sleep(pause.seconds)
-                continue
-            with contextlib.suppress(TimeoutError):  # capped, to see `stopped()`; an early look does no work
-                await asyncio.wait_for(self._woken.wait(), timeout=min(pause.seconds, IDLE_REQUEUE_S))
+            await self.pace.sleep(pause)
 
     def _refresh_due(self) -> bool:
-        return self.followed is not None and self._progress_due_in() <= 0
+        return self.followed is not None and self.pace.progress_due()
 
     def _full_pass(self, children: Children) -> None:
         self.passes += 1
         started = time.perf_counter()
         try:
             wait = self.reconcile_once(children)
-            if self.failures:
-                self._clear_error()
-            self.failures = 0
+            if self.pace.failures:
+                self._error_condition(None)
+            self.pace.passed(wait)
         except Exception as e:
             log.exception("reconcile of %s/%s failed", self.namespace, self.name)
-            self.job = None
-            wait = ERROR_BACKOFF_S[min(self.failures, len(ERROR_BACKOFF_S) - 1)]
-            self.failures += 1
+            self.cache.forget()
             try:
-                self._record_error(e)
+                RECONCILE_ERRORS.inc()
+                self._error_condition(e)
             except Exception:
                 log.exception("could not record the error in %s/%s status", self.namespace, self.name)
-        self.next_pass = self.clock() + wait
-        observe_pass(time.perf_counter() - started, failed=self.failures > 0)
+            self.pace.failed()
+        observe_pass(time.perf_counter() - started, failed=self.pace.failures > 0)
 
     # -- the pass -------------------------------------------------------------------------------------------------
     def reconcile_once(self, children: Children) -> float:
         """One full pass. Returns seconds until the next one unless something wakes the loop earlier."""
-        for fresh in (self.job is None, True):
+        for fresh in (self.cache.job is None, True):
             wait, planned = self._plan(children)
             # A pass from the loop's copy acts (creates, deletes, a new phase) only on a fresh read: another
             # writer (a second operator, a stuck old replica) may have moved the job on since that copy
             # (tests/faults: two operators racing). The first pass (kopf's body, a new job) creates at once.
             if fresh or planned is None or not planned.acts() or self.passes <= 1:
                 break
-            self.job = None
+            self.cache.forget()
         return wait if planned is None else self._apply(planned)
 
     def _plan(self, children: Children) -> tuple[float, _Planned | None]:
         """The job (the loop's copy, or read fresh) and the plan for it; (seconds, None) when there is nothing
         to apply."""
         ns, name = self.key
-        raw = self.job
-        if raw is None:
-            raw = self.job = lean(self.api.get_job(ns, name))
-            self.job_at = self.clock()
+        raw = self.cache.read(lambda: self.api.get_job(ns, name))
         if raw is None or (self.uid or raw["metadata"].get("uid")) != raw["metadata"].get("uid"):
-            self.gone, self.followed, self.job = True, None, None
+            self.gone, self.followed = True, None
+            self.cache.forget()
             clear_job(ns, name)
             return math.inf, None
         self.uid = raw["metadata"].get("uid")
@@ -537,11 +386,10 @@ class JobLoop:
         old_status = dict(raw.get("status") or {})
         now = self.now()
         pods = children.pods
-        seen = {**children.objects, **self.made}
         # The Workload named like the job (Names.workload), from the Workload index: queued or not (a job whose
         # queueName was removed deletes its own). No request: its watch events wake the loop.
         wl = next((w for w in children.workloads if w["metadata"]["name"] == name), None)
-        bare = Observed(pods, seen, now, workload=wl, mislabelled=children.mislabelled)
+        bare = Observed(pods, children.objects, now, workload=wl, mislabelled=children.mislabelled)
         try:
             job = validate(raw)
         except InvalidSpec as e:
@@ -589,13 +437,13 @@ class JobLoop:
         """Applies a pass's plan; returns seconds until the next pass."""
         ns, name = self.key
         raw, job, old_status, plan, now = planned.raw, planned.job, planned.old_status, planned.plan, planned.now
-        self._intend(raw, plan.status)
+        self.cache.intend(raw, plan.status)
         try:
             patched, created = apply(self.api, job, old_status, plan)
         except Refused as e:
             # No retry: the job ends here; the next pass (terminal phase) removes any pod this one created.
             status, msg = failed_status(plan.status, e, now)
-            self.job = None
+            self.cache.forget()
             self.api.patch_status(ns, name, plan.status, status)  # apply() saved plan.status first
             self.api.event(raw, "Warning", "InvalidSpec", msg)
             TRANSITIONS.labels(phase="Failed", reason="InvalidSpec").inc()
@@ -603,24 +451,8 @@ class JobLoop:
             self.followed = None
             return IDLE_REQUEUE_S
         # apply() returned, so every create succeeded or met a 409 on an object this job controls.
-        self._remember(patched, old_status != plan.status and not plan.delete_job, raw)
-        uid = str(job["metadata"].get("uid"))
-        made = [o for o in plan.create if o["kind"] in UNWATCHED_KINDS]
-        self.made.update({f"{o['kind']}/{o['metadata']['name']}": uid for o in made})
-        at = self.clock()
-        # Only what was made now: an object that existed already is shown by the index, or soon will be (a
-        # 409 read-back restores the labels it is watched by), and a Workload taken from the plan's own copy
-        # would read as not admitted.
-        self.created.update(
-            {
-                f"{o['kind']}/{o['metadata']['name']}": (
-                    slim_workload(o) if o["kind"] == "Workload" else slim_child(o),
-                    at,
-                )
-                for o in created
-                if o["kind"] not in UNWATCHED_KINDS
-            }
-        )
+        self.cache.remember(patched, old_status != plan.status and not plan.delete_job, raw)
+        self.expected.expect(str(job["metadata"].get("uid")), plan.create, created)
         RECONCILES.inc()
         following = plan.status.get("phase") in FOLLOWED and not plan.delete_job
         self.followed = Followed.of(job, plan.status) if following else None
@@ -629,8 +461,9 @@ class JobLoop:
             return IDLE_REQUEUE_S
         if plan.requeue_after is not None:
             return min(IDLE_REQUEUE_S, max(0.5, plan.requeue_after))
-        if plan.status.get("phase") in FINISHED and not plan.create and not plan.delete_pods:
-            return math.inf  # no work for a finished job until a watch event brings some
+        if plan.status.get("phase") in TERMINAL and not plan.create and not plan.delete_pods:
+            # A finished job (no TTL to wait for) has no timer: only a watch event on it or its children wakes it.
+            return math.inf
         return IDLE_REQUEUE_S
 
     def refresh_progress(self) -> None:
@@ -643,9 +476,9 @@ class JobLoop:
         if prog is None or prog == status.get("progress"):
             return
         new = {**status, "progress": prog}
-        self._intend(followed.ident, new)
+        self.cache.intend(followed.ident, new)
         patched = self.api.patch_status(self.namespace, self.name, status, new)  # sends only the changed key
-        self._remember(patched, True, None)
+        self.cache.remember(patched, True, None)
         self.followed = dataclasses.replace(followed, status=new)
         self._export_progress(new)
 
@@ -661,37 +494,30 @@ class JobLoop:
     ) -> dict[str, Any] | None:
         """Rank 0's newest progress folded onto status.progress, or None when it is not time to read again (every
         PROGRESS_EVERY_S, unless `force`) or the log has no progress yet."""
-        if not force and self._progress_due_in() > 0:
+        if not force and not self.pace.progress_due():
             return None
-        self.progress_read_at = self.clock()  # before the read: a failing read must not be retried at once
+        self.pace.progress_read()
         text = self.api.log_tail(self.namespace, *source)
         return progress.from_text(text, status.get("progress")) if text else None
 
-    # -- reconcile errors in the job's status -------------------------------------------------------------------
-    def _record_error(self, err: Exception) -> None:
-        """A reconcile error shows in the job's status, not only in the operator's log."""
-        RECONCILE_ERRORS.inc()
+    def _error_condition(self, err: Exception | None) -> None:
+        """The ReconcileError condition: a pass's error shows in the job's status and an Event, not only in the
+        operator's log; None: the first pass after failed ones succeeded, and the condition turns False."""
         raw = self.api.get_job(self.namespace, self.name)
         if raw is None:
             return
         old = dict(raw.get("status") or {})
         new = copy.deepcopy(old)  # set_condition edits conditions in place: old must stay what the API holds
         msg = f"reconcile error: {err}"
-        new["message"] = msg[:2000]
-        set_condition(new, "ReconcileError", True, type(err).__name__, msg[:2000], self.now())
-        self.job = None
+        if err is None:
+            set_condition(new, "ReconcileError", False, "Recovered", "reconciled successfully", self.now())
+        else:
+            new["message"] = msg[:2000]
+            set_condition(new, "ReconcileError", True, type(err).__name__, msg[:2000], self.now())
+        self.cache.forget()
         self.api.patch_status(self.namespace, self.name, old, new)
-        self.api.event(raw, "Warning", "ReconcileError", msg)
-
-    def _clear_error(self) -> None:
-        raw = self.api.get_job(self.namespace, self.name)
-        if raw is None:
-            return
-        old = dict(raw.get("status") or {})
-        new = copy.deepcopy(old)  # set_condition edits conditions in place: old must stay what the API holds
-        set_condition(new, "ReconcileError", False, "Recovered", "reconciled successfully", self.now())
-        self.job = None
-        self.api.patch_status(self.namespace, self.name, old, new)
+        if err is not None:
+            self.api.event(raw, "Warning", "ReconcileError", msg)
 
 
 class Loops:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import importlib.metadata
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import kopf
@@ -43,20 +44,20 @@ class GenerationOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
     """kopf builds an "essence" of every watched object on every watch event (a deep copy of its body less
     metadata and status) to diff it for on.create/on.update/on.resume handlers and to reset idle daemons. This
     operator has neither kind (it is level-triggered: every pass starts from the whole job), so that copy of
-    every pod and job on every event was pure cost: 15% of the operator's CPU while 200 jobs started
-    (benchmarks/README.md). The essence here is the object's generation, which changes with its spec, and is
-    never stored. tests/unit/test_controller.py fails if a change handler is ever registered, since it would
-    see no real diff."""
+    every pod and job on every event was pure cost, a large share of the operator's CPU while jobs start
+    (docs/operator.md, "CPU per watch event"). The essence here is the object's generation, which changes with
+    its spec, and is never stored. tests/unit/test_controller.py fails if a change handler is ever registered,
+    since it would see no real diff."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         return cast(kopf.BodyEssence, {"generation": body.get("metadata", {}).get("generation")})
 
 
 # kopf runs one worker task per watched object while its events come in, and lets it go after this many idle
-# seconds (kopf's default 5). At 5 s, a burst of 200 new jobs kept about 1,000 workers (every job, pod, Service
-# and ConfigMap) alive at once, their tasks, queues and frames spread over pymalloc arenas that a few survivors
-# then pinned: peak RSS 112 MiB and 112 after every job was deleted. At 1 s: 98 and 95, at the same CPU per job
-# (docs/operator.md, "Known limits"). A worker that expires early costs only a new task at the object's next
+# seconds (kopf's default 5). At 5 s, a burst of new jobs kept a worker for every job, pod, Service and ConfigMap
+# alive at once, their tasks, queues and frames spread over pymalloc arenas that a few survivors then pinned: a
+# higher peak RSS, kept after every job was deleted, for no less CPU per job (docs/operator.md, "Known limits",
+# has the numbers). A worker that expires early costs only a new task at the object's next
 # event; one awaiting its own patch's consistency stays as long as kopf needs.
 WORKER_IDLE_S = 1.0
 
@@ -91,7 +92,7 @@ async def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | 
     is read back as the job's own and its labels are put back (k8s.Kube.create), and it re-enters the watch.
 
     The index can lag behind the operator's own writes by one watch event; the job's loop covers for it: a pod
-    it just created and the index does not show yet counts as existing (JobLoop.created), and one created again
+    it just created and the index does not show yet counts as existing (expectations.py), and one created again
     anyway meets a 409 that is read back as its own; a pod it just deleted and still sees belongs to an older
     attempt or is deleted again (404 ignored). The status the loop works from is what the API answered to its
     own last write, or a fresh read, so restarts are never counted twice."""
@@ -105,7 +106,7 @@ async def job_pods(body: kopf.Body, labels: Mapping[str, str], namespace: str | 
 # carry its labels. Each kind's watch is filtered server-side (see _configure). NetworkPolicies are indexed only
 # when the operator makes them (run_operator): otherwise its RBAC cannot watch them. Secrets are not watched at
 # all, so the operator needs no cluster-wide list/watch on Secrets: the one Secret it makes (an MPI job's SSH
-# identity) is created once per loop and a 409 read back by name (controller.JobLoop.made).
+# identity) is created once per loop and a 409 read back by name (expectations.Expectations.made).
 _CHILD_INDEXES = {"services": "Service", "configmaps": "ConfigMap"}
 _POLICY_INDEX = ("networkpolicies", "NetworkPolicy")
 
@@ -181,7 +182,7 @@ async def _job_event(
 def drop_managed_fields(body: kopf.Body) -> None:
     """Removes metadata.managedFields from kopf's own copy of a job, the one it keeps for the job's daemon until
     the next watch event replaces it. Server-side field tracking lists every field of the spec and status once
-    more: 15 of the 27 KiB of Python objects of a sample job's body (docs/operator.md, "Known limits"). Neither
+    more, most of a job body's memory (docs/operator.md, "Known limits"). Neither
     kopf nor this operator reads them; `body["metadata"]` is the decoded watch event's own dict, which kopf
     never writes back (its patches are built apart from the body)."""
     meta = body.get("metadata")
@@ -219,23 +220,59 @@ async def job_daemon(
 
     loops: Loops = memo.loops
     # The first pass works from kopf's body of the job (as fresh as a read: it came with the watch that started
-    # this daemon) and reads it only when a watch event or a timer says so (controller.JobLoop.job).
+    # this daemon) and reads it only when a watch event or a timer says so (jobcache.JobCache).
     api = loops.kube(lambda: Kube(shared_client()))
     with loops.running(JobLoop(*key, api, config, body=body)) as loop:
         await loop.run(lambda: bool(stopped), children)  # returns once the job is gone (JobLoop.gone)
 
 
-def _register_daemon() -> None:
-    """kopf.daemon, without the finalizer kopf puts on every object a daemon runs for. The finalizer would only
-    make a deletion wait for the daemon to stop; nothing needs to be cleaned up then (the children go by their
-    owner references), and it costs a patch of every job when it is created and another when it is deleted.
-    Without it the loop ends itself: a deletion's watch event wakes it, and a pass that finds the job gone (or
-    a new job of the same name) returns (controller.JobLoop.gone). Jobs that still carry the finalizer from an
-    earlier operator lose it at their next event (kopf removes a finalizer nothing requires)."""
+# kopf versions daemon_without_finalizer was tested with. It reaches into kopf's private registry
+# (OperatorRegistry._spawning, its handlers' requires_finalizer), which any kopf release may change: on another
+# version the operator stops at import with UntestedKopf, rather than run with its daemon lost or a finalizer
+# back on every job. To move to a new kopf: add it here, run the unit and control-plane tiers with it, keep it
+# only if they pass (tests/unit/test_kopf_patch.py checks the registration itself).
+KOPF_TESTED = ("1.45.2",)
+
+
+class UntestedKopf(RuntimeError):
+    """The installed kopf is not one that daemon_without_finalizer was tested with (KOPF_TESTED)."""
+
+
+def daemon_without_finalizer(
+    fn: Callable[..., Any],
+    *,
+    id: str,
+    cancellation_timeout: float,
+    registry: kopf.OperatorRegistry | None = None,
+    kopf_version: str | None = None,
+) -> None:
+    """kopf.daemon on FineTuneJobs, into `registry` (kopf's default one unless given), without the finalizer kopf
+    puts on every object a daemon runs for. The one place that touches kopf's private registry: the daemon is
+    registered in a registry of its own, and its handler copied over with requires_finalizer=False. Raises
+    UntestedKopf, before touching any registry, when the installed kopf (or `kopf_version`) is not in KOPF_TESTED."""
+    version = kopf_version or importlib.metadata.version("kopf")
+    if version not in KOPF_TESTED:
+        raise UntestedKopf(
+            f"kopf {version} is installed, but this operator was tested with kopf {', '.join(KOPF_TESTED)} only: "
+            "finetune_operator.handlers.daemon_without_finalizer patches kopf's private daemon registry "
+            f"(OperatorRegistry._spawning). Install a tested one (pip install 'kopf=={KOPF_TESTED[-1]}'), or add "
+            "this one to handlers.KOPF_TESTED and keep it only if the unit and control-plane tests pass with it"
+        )
     private = kopf.OperatorRegistry()
-    kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, id="job_daemon", cancellation_timeout=10.0, registry=private)(job_daemon)
+    kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, id=id, cancellation_timeout=cancellation_timeout, registry=private)(fn)
+    target = registry if registry is not None else kopf.get_default_registry()
     for handler in private._spawning.get_all_handlers():
-        kopf.get_default_registry()._spawning.append(dataclasses.replace(handler, requires_finalizer=False))
+        target._spawning.append(dataclasses.replace(handler, requires_finalizer=False))
+
+
+def _register_daemon() -> None:
+    """The job daemon, without a finalizer (daemon_without_finalizer). The finalizer would only make a deletion
+    wait for the daemon to stop; nothing needs to be cleaned up then (the children go by their owner
+    references), and it costs a patch of every job when it is created and another when it is deleted. Without it
+    the loop ends itself: a deletion's watch event wakes it, and a pass that finds the job gone (or a new job of
+    the same name) returns (controller.JobLoop.gone). Jobs that still carry the finalizer from an earlier
+    operator lose it at their next event (kopf removes a finalizer nothing requires)."""
+    daemon_without_finalizer(job_daemon, id="job_daemon", cancellation_timeout=10.0)
 
 
 _register_daemon()
@@ -243,10 +280,9 @@ _register_daemon()
 
 def freeze_startup_objects() -> None:
     """Takes every object alive now out of the cyclic garbage collector's scans: the modules, classes and
-    functions of kopf, the Kubernetes client and this package, about 78,000 tracked objects that live as long as
-    the process. Without it each full collection walked them all again; while 200 jobs started, were deleted and
-    started again, full collections took 2.6 s of the operator's CPU, 1.5 s with the freeze (docs/operator.md,
-    "CPU per watch event")."""
+    functions of kopf, the Kubernetes client and this package, tracked objects that live as long as the process.
+    Without it each full collection walked them all again, a cost that grew with the jobs' churn
+    (docs/operator.md, "CPU per watch event", has the numbers)."""
     gc.collect()
     gc.freeze()
 

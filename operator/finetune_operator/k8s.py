@@ -27,8 +27,9 @@ deleted, the job with it, and retrying cannot succeed.
 One `Kube` serves every job loop of an operator (handlers.py): one connection pool, so a pass reuses open TLS
 connections instead of making its own. Requests go through the client's generic `param_serialize`/`call_api`
 (its configuration, authentication and connection pool) with plain JSON in and out: the generated API classes
-(`CoreV1Api` and the models it names) cost about 70 MiB of RSS and seconds of CPU to load, and parsing answers
-into their model classes was most of the CPU a create cost on the operator's side (benchmarks/README.md).
+(`CoreV1Api` and the models it names) cost memory and seconds of CPU to load, and parsing answers into their model
+classes was most of the CPU a create cost on the operator's side (benchmarks/README.md, "Numbers behind the code's
+comments").
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import copy
 from datetime import datetime
 from typing import Any
 
-from .reconcile import iso, set_condition
+from .conditions import iso, set_condition
 
 # Statuses of a create refused for what the object says. 403 is not one: a quota refusal clears when other
 # pods finish, and a terminating namespace is handled by k8s.py.

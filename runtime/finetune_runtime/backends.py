@@ -10,7 +10,6 @@ import importlib
 import importlib.util
 import logging
 import os
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,13 +109,6 @@ def import_vendor(backend: str, module: str) -> Any:
         raise MissingStackError(
             f"{module} is not installed (backend {backend}); use the {IMAGES[backend]} image"
         ) from e
-
-
-def require_binary(name: str, backend: str) -> str:
-    path = shutil.which(name)
-    if not path:
-        raise MissingStackError(f"{name} is not on PATH (backend {backend}); use the {IMAGES[backend]} image")
-    return path
 
 
 def prepare_process(plan: BackendPlan) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_support import Cluster
 from dashboards import ROOT, dashboards, queries, substitute, variables
 from kubernetes import client
 from operator_support import (
@@ -34,7 +35,6 @@ from operator_support import (
 from finetune_runtime.progress import format_line
 from ftjob_cluster import bins
 from ftjob_cluster.prometheus import Prometheus, prometheus_config, scrape_configs_from_service_monitor
-from ftjob_cluster.testing import Cluster
 
 CHART = ROOT / "charts" / "finetune-operator"
 RELEASE_NAMESPACE = "finetune-operator"
@@ -158,7 +158,7 @@ def test_every_dashboard_query_returns_series_while_a_job_trains(
             result = prometheus.query(f"finetune_operator_job_step{selector}")
             return float(result[0]["value"][1]) if result else None
 
-        # The operator reads rank 0's log every 30 s (controller.PROGRESS_EVERY_S): one interval plus slack.
+        # The operator reads rank 0's log every 30 s (pacing.PROGRESS_EVERY_S): one interval plus slack.
         wait_for(lambda: step() == 120, timeout=90, message=f"step 120 scraped (now {step()})")
         node.logs[key] += format_line("train", step=250, totalSteps=500, loss=0.3, samplesPerSecond=36.0) + "\n"
         wait_for(lambda: step() == 250, timeout=90, message=f"step 250 scraped (now {step()})")

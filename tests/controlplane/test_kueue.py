@@ -20,7 +20,7 @@ from ftjobs import load_sample
 from kubernetes import client
 from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, status, two_rank_job
 
-from finetune_operator.controller import IDLE_REQUEUE_S
+from finetune_operator.pacing import IDLE_REQUEUE_S
 from ftjob_cluster.kueue import KueueProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -647,11 +647,11 @@ def test_the_workload_watch_starts_when_kueues_crds_come_after_the_operator(tmp_
     Workloads). Kueue's CRDs installed later: kopf finds the resource through discovery and starts the watch, so
     an admission (written here as Kueue would) wakes the queued job at once, without an operator restart and
     before the idle safety-net pass."""
+    from cluster_support import make_kubectl
     from kubernetes import config as k8s_config
 
     from ftjob_cluster import bins
     from ftjob_cluster.localcluster import Etcd, KubeApiserver, KubeControllerManager, LocalCluster
-    from ftjob_cluster.testing import make_kubectl
 
     with LocalCluster(tmp_path / "cluster", [Etcd(), KubeApiserver(), KubeControllerManager()]) as cluster:
         own = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)

@@ -33,8 +33,8 @@ from operator_support import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from finetune_operator.controller import ERROR_BACKOFF_S
 from finetune_operator.k8s import Kube
+from finetune_operator.pacing import ERROR_BACKOFF_S
 from finetune_runtime.progress import format_line
 
 
@@ -334,7 +334,7 @@ def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
         def summary() -> str:
             return str((status(kube_api, namespace, "pg").get("progress") or {}).get("summary", ""))
 
-        # The log is read every controller.PROGRESS_EVERY_S (30 s): one interval plus slack for a loaded machine.
+        # The log is read every pacing.PROGRESS_EVERY_S (30 s): one interval plus slack for a loaded machine.
         first = wait_for(
             lambda: summary().startswith("120/500") and summary(),
             timeout=70,

@@ -20,15 +20,8 @@ from prometheus_client import REGISTRY
 
 from finetune_operator import controller, handlers, metrics
 from finetune_operator import reconcile as rec
-from finetune_operator.controller import (
-    ERROR_BACKOFF_S,
-    IDLE_REQUEUE_S,
-    PROGRESS_EVERY_S,
-    Children,
-    JobLoop,
-    Loops,
-    apply,
-)
+from finetune_operator.controller import Children, JobLoop, Loops, apply
+from finetune_operator.pacing import ERROR_BACKOFF_S, IDLE_REQUEUE_S, PROGRESS_EVERY_S, Pause
 from finetune_operator.reconcile import Plan, Relabel
 from finetune_operator.refusal import Refused
 
@@ -167,7 +160,7 @@ class World:
             copy.deepcopy(self.workloads),
         )
 
-    def step(self) -> controller.Pause:
+    def step(self) -> Pause:
         return self.loop.step(self.children)
 
     def passes(self) -> int:
@@ -196,7 +189,7 @@ def test_first_pass_at_once_then_idle_requeue() -> None:
     w = World()
     pause = w.step()
     assert w.passes() == 1 and w.api.job["status"]["phase"] == "Pending"
-    assert pause == controller.Pause(IDLE_REQUEUE_S, wakeable=True)
+    assert pause == Pause(IDLE_REQUEUE_S, wakeable=True)
     w.clock.advance(IDLE_REQUEUE_S - 1)
     w.step()
     assert w.passes() == 1  # nothing woke it, not due yet
@@ -210,7 +203,7 @@ def test_a_wake_up_brings_the_pass_forward_once() -> None:
     w.step()
     w.clock.advance(2)
     w.loop.wake()
-    assert w.loop.pass_due()
+    assert w.loop.pace.pass_due()
     w.step()
     assert w.passes() == 2
     w.step()
@@ -225,7 +218,7 @@ def test_a_wake_up_during_a_pass_triggers_another() -> None:
         return w.children()
 
     w.loop.step(children_then_an_event)
-    assert w.loop.pass_due()
+    assert w.loop.pace.pass_due()
 
 
 def test_error_backoff_grows_ignores_wake_ups_and_shows_in_status() -> None:
@@ -238,7 +231,7 @@ def test_error_backoff_grows_ignores_wake_ups_and_shows_in_status() -> None:
         waits.append(pause.seconds)
         w.loop.wake()  # the failure's own status patch is a watch event on the job
         w.clock.advance(pause.seconds - 0.1)
-        assert not w.loop.pass_due(), "a wake-up cut the backoff short"
+        assert not w.loop.pace.pass_due(), "a wake-up cut the backoff short"
         w.clock.advance(0.1)
     assert waits == [*ERROR_BACKOFF_S, ERROR_BACKOFF_S[-1]]
     cond = {c["type"]: c for c in w.api.job["status"]["conditions"]}["ReconcileError"]
@@ -248,7 +241,7 @@ def test_error_backoff_grows_ignores_wake_ups_and_shows_in_status() -> None:
     # Recovery: the condition turns False and the loop is wakeable again.
     w.api.fail_creates = False
     pause = w.step()
-    assert pause == controller.Pause(IDLE_REQUEUE_S, wakeable=True) and w.loop.failures == 0
+    assert pause == Pause(IDLE_REQUEUE_S, wakeable=True) and w.loop.pace.failures == 0
     cond = {c["type"]: c for c in w.api.job["status"]["conditions"]}["ReconcileError"]
     assert cond["status"] == "False" and cond["reason"] == "Recovered"
 
@@ -273,7 +266,7 @@ def test_a_pod_refused_as_invalid_fails_the_job_once_without_retry_fake_api(monk
     assert (st["phase"], st["reason"]) == ("Failed", "InvalidSpec")
     assert "spec.affinity: Invalid value" in st["message"] and "Pod j-rank-1 (422)" in st["message"]
     assert ("Warning", "InvalidSpec") in w.api.events
-    assert w.loop.failures == 0 and pause.seconds == IDLE_REQUEUE_S  # no error backoff loop
+    assert w.loop.pace.failures == 0 and pause.seconds == IDLE_REQUEUE_S  # no error backoff loop
     tried = creates
     w.clock.advance(IDLE_REQUEUE_S)
     w.step()
@@ -284,7 +277,7 @@ def test_an_error_while_recording_the_error_still_backs_off(monkeypatch: pytest.
     w = World()
     w.api.fail_creates = True
     monkeypatch.setattr(w.api, "patch_status", raises(RuntimeError("status too")))
-    assert w.step() == controller.Pause(ERROR_BACKOFF_S[0], wakeable=False)
+    assert w.step() == Pause(ERROR_BACKOFF_S[0], wakeable=False)
 
 
 def test_progress_is_read_every_interval_between_passes_and_patched_only_when_changed() -> None:
@@ -296,7 +289,7 @@ def test_progress_is_read_every_interval_between_passes_and_patched_only_when_ch
     pause = w.step()  # a pass of a Running job reads rank 0's log
     assert w.api.calls.count("log_tail j-rank-0/trainer") == 1
     assert w.api.job["status"]["progress"]["step"] == 1
-    assert pause == controller.Pause(PROGRESS_EVERY_S, wakeable=True)  # the progress clock comes before the pass
+    assert pause == Pause(PROGRESS_EVERY_S, wakeable=True)  # the progress clock comes before the pass
 
     patches = len(w.api.patches)
     w.clock.advance(PROGRESS_EVERY_S / 2)
@@ -353,7 +346,7 @@ def test_finished_jobs_are_not_followed() -> None:
     w.loop.wake()
     pause = w.step()
     assert w.api.job["status"]["phase"] == "Succeeded" and w.loop.followed is None
-    assert pause == controller.Pause(math.inf, wakeable=True)  # no timer: only a watch event brings work
+    assert pause == Pause(math.inf, wakeable=True)  # no timer: only a watch event brings work
     calls = list(w.api.calls)
     w.clock.advance(IDLE_REQUEUE_S * 10)
     w.step()
@@ -372,9 +365,9 @@ def test_loops_route_wake_ups_and_forget_finished_loops() -> None:
     loops = Loops()
     a, b = World().loop, JobLoop("other", "k", World().api, {})
     with loops.running(a), loops.running(b):
-        a.next_pass = b.next_pass = float("inf")
+        a.pace.next_pass = b.pace.next_pass = float("inf")
         loops.wake(NS, NAME)
-        assert a.pass_due() and not b.pass_due()
+        assert a.pace.pass_due() and not b.pace.pass_due()
         loops.wake("nowhere", "none")  # a pod of a job without a loop: ignored
     assert loops.get(NS, NAME) is None and loops.get("other", "k") is None
 
@@ -412,7 +405,7 @@ def test_an_echo_seen_before_the_writes_answer_is_held_once_after_the_step() -> 
     then adopts kopf's body on the event loop right after the step."""
     w = World(clock=young_monotonic())
     live = kopf.Body(copy.deepcopy(w.api.job))
-    w.loop.live = live
+    w.loop.cache.live = live
     answer = w.api.patch_status
 
     def patch_seen_first(*args: Any) -> dict[str, Any] | None:
@@ -429,7 +422,11 @@ def test_an_echo_seen_before_the_writes_answer_is_held_once_after_the_step() -> 
         await asyncio.wait_for(task, 10)
 
     asyncio.run(drive())
-    assert w.loop.job is not None and w.loop.job["spec"] is live["spec"] and w.loop.job["status"]["phase"] == "Pending"
+    assert (
+        w.loop.cache.job is not None
+        and w.loop.cache.job["spec"] is live["spec"]
+        and w.loop.cache.job["status"]["phase"] == "Pending"
+    )
 
 
 def test_the_daemon_reads_children_only_from_registered_indexes() -> None:
@@ -555,7 +552,7 @@ def test_a_pass_woken_by_its_children_reads_no_job_and_its_own_status_echo_wakes
     w.step()  # the first pass reads the job (no body from kopf here), writes Pending, creates the children
     assert w.reads() == 1 and w.api.job["status"]["phase"] == "Pending"
     w.loop.job_event(copy.deepcopy(w.api.job))  # the watch event of that status write
-    assert not w.loop.pass_due(), "the loop's own status write woke a pass"
+    assert not w.loop.pace.pass_due(), "the loop's own status write woke a pass"
     for pod in w.api.created:
         if pod["kind"] == "Pod":
             w.loop.child_event(f"Pod/{pod['metadata']['name']}")
@@ -576,13 +573,13 @@ def test_the_echo_of_its_own_write_leaves_the_job_held_once() -> None:
     older = copy.deepcopy(w.api.job)
     older["metadata"]["resourceVersion"] = "1"  # the echo of an earlier write of the same status
     w.loop.job_event(older)
-    assert w.loop.job is not None and w.loop.job["spec"] is not older["spec"]  # the loop's copy is newer
+    assert w.loop.cache.job is not None and w.loop.cache.job["spec"] is not older["spec"]  # the loop's copy is newer
     echo = copy.deepcopy(w.api.job)
     echo["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
     w.loop.job_event(echo)
-    assert w.loop.job["spec"] is echo["spec"] and w.loop.job["status"] is echo["status"]
-    assert "managedFields" not in w.loop.job["metadata"] and "managedFields" in echo["metadata"]
-    assert not w.loop.pass_due()
+    assert w.loop.cache.job["spec"] is echo["spec"] and w.loop.cache.job["status"] is echo["status"]
+    assert "managedFields" not in w.loop.cache.job["metadata"] and "managedFields" in echo["metadata"]
+    assert not w.loop.pace.pass_due()
     kept = copy.deepcopy(echo)
     w.pods = [copy.deepcopy(o) | {"status": {"phase": "Pending"}} for o in w.api.created if o["kind"] == "Pod"]
     w.loop.child_event("Pod/j-rank-0")
@@ -596,13 +593,13 @@ def test_an_echo_during_a_step_leaves_the_job_to_the_steps_thread() -> None:
     w = World()
     w.step()
     echo = copy.deepcopy(w.api.job)
-    held = w.loop.job
-    w.loop.ticking = True  # as run() sets it while the step's worker thread runs
+    held = w.loop.cache.job
+    w.loop.cache.busy = True  # as run() sets it while the step's worker thread runs
     w.loop.job_event(echo)
-    assert w.loop.job is held and not w.loop.pass_due()
-    w.loop.ticking = False
-    w.loop.hold(echo)
-    assert w.loop.job is not None and w.loop.job["spec"] is echo["spec"]
+    assert w.loop.cache.job is held and not w.loop.pace.pass_due()
+    w.loop.cache.busy = False
+    w.loop.cache.hold(echo)
+    assert w.loop.cache.job is not None and w.loop.cache.job["spec"] is echo["spec"]
 
 
 def test_a_followed_job_keeps_what_its_progress_refresh_needs_not_the_job() -> None:
@@ -652,11 +649,11 @@ def test_a_spec_change_or_deletion_is_read_fresh() -> None:
     changed = copy.deepcopy(w.api.job)
     changed["metadata"]["generation"] = 2  # the API server bumps it on every spec change
     w.loop.job_event(changed)
-    assert w.loop.pass_due()
+    assert w.loop.pace.pass_due()
     w.step()
     assert w.reads() == 2
     w.loop.job_event(copy.deepcopy(w.api.job), deleted=True)
-    assert w.loop.pass_due()
+    assert w.loop.pace.pass_due()
 
 
 def test_a_timer_pass_reads_the_job_only_when_the_loops_copy_is_old() -> None:
@@ -679,7 +676,7 @@ def test_a_progress_refresh_wakes_no_pass_and_costs_a_log_read_and_a_patch() -> 
         w.clock.advance(PROGRESS_EVERY_S)
         w.step()
         w.loop.job_event(copy.deepcopy(w.api.job))  # the refresh's own status patch, coming back
-        assert not w.loop.pass_due()
+        assert not w.loop.pace.pass_due()
     assert w.api.job["status"]["progress"]["step"] == 5
     assert len(w.api.patches) - patches == 4 and w.reads() == reads  # the patches' answers keep the copy fresh
     assert w.passes() - passes == 2  # the idle safety net, from that copy
@@ -761,7 +758,7 @@ def test_the_diff_base_is_the_generation_and_copies_nothing() -> None:
 
 
 def test_the_operator_freezes_its_startup_objects_before_kopf_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Full garbage collections walk every tracked object; the ~78,000 of the imported modules never die, so
+    """Full garbage collections walk every tracked object; the tens of thousands of the imported modules never die, so
     run_operator takes them out of the scans (gc.freeze) before kopf starts watching."""
     frozen_at_run: list[int] = []
     monkeypatch.setattr(handlers.kopf, "run", lambda **_: frozen_at_run.append(gc.get_freeze_count()))
@@ -784,7 +781,7 @@ def test_a_huge_active_deadline_never_makes_a_pass_raise() -> None:
     w.start_running()
     w.loop.wake()
     pause = w.step()
-    assert w.loop.failures == 0 and w.api.job["status"]["phase"] == "Running"
+    assert w.loop.pace.failures == 0 and w.api.job["status"]["phase"] == "Running"
     assert "ReconcileError" not in {c["type"] for c in w.api.job["status"]["conditions"]}
     assert pause.seconds <= PROGRESS_EVERY_S
 
@@ -806,7 +803,7 @@ def test_a_pass_whose_pure_part_raises_fails_the_job_once_and_stops_its_pods(mon
         "delete_pod j-rank-0 uid-pod-j-rank-0",
         "delete_pod j-rank-1 uid-pod-j-rank-1",
     ]
-    assert w.loop.failures == 0 and pause.wakeable  # no error backoff: nothing to retry
+    assert w.loop.pace.failures == 0 and pause.wakeable  # no error backoff: nothing to retry
     patches = len(w.api.patches)
     w.clock.advance(IDLE_REQUEUE_S)
     w.step()
@@ -817,7 +814,7 @@ def test_an_api_error_still_backs_off_and_retries() -> None:
     """Only the pure part's errors fail the job: an API error is transient (test_error_backoff_... above)."""
     w = World()
     w.api.fail_creates = True
-    assert not w.step().wakeable and w.loop.failures == 1
+    assert not w.step().wakeable and w.loop.pace.failures == 1
     assert w.api.job["status"].get("phase") != "Failed"
 
 
@@ -877,7 +874,7 @@ def test_a_queued_job_makes_no_request_while_its_workload_does_not_change() -> N
     # Kueue admits it: the Workload's watch event wakes the job, which creates its pods in that pass.
     w.workloads = [admitted_workload(made)]
     w.loop.child_event("Workload/j")
-    assert w.loop.pass_due()
+    assert w.loop.pace.pass_due()
     w.step()
     assert sorted(o["metadata"]["name"] for o in w.api.created if o["kind"] == "Pod") == ["j-rank-0", "j-rank-1"]
 

@@ -214,14 +214,14 @@ def mpi_loop(planted: bool) -> tuple[JobLoop, MpiApi, list[str]]:
 def test_a_planted_ssh_secret_met_on_create_stops_the_pass_before_any_pod() -> None:
     loop, api, _ = mpi_loop(planted=True)
     assert [o["kind"] for o in api.created] == ["Service", "ConfigMap"]
-    assert loop.failures == 1 and loop.made == {}
+    assert loop.pace.failures == 1 and loop.expected.made == {}
     assert "not controlled by this job" in api.job["status"]["message"]
 
 
 def test_the_loop_makes_the_unwatched_ssh_secret_once() -> None:
     loop, api, _ = mpi_loop(planted=False)
     name = api.job["metadata"]["name"]
-    assert loop.made == {f"Secret/{name}-ssh": NEW}
+    assert loop.expected.made == {f"Secret/{name}-ssh": NEW}
     loop.wake()
     loop.step(lambda: ([], {f"Service/{name}": NEW, f"ConfigMap/{name}-config": NEW}))
     assert [o["kind"] for o in api.created].count("Secret") == 1
@@ -240,12 +240,12 @@ def test_a_deleted_child_or_squatter_wakes_the_jobs_loop() -> None:
         on_service = handlers._on_child("Service")
         body: Any = {"metadata": {"name": "j"}}
         asyncio.run(on_service(type="MODIFIED", body=body, name="j", labels=labels, namespace="ns", memo=memo))
-        assert not loop._woken.is_set()
+        assert not loop.pace.woken
         asyncio.run(on_service(type="DELETED", body=body, name="j", labels=labels, namespace="ns", memo=memo))
-        assert loop._woken.is_set()
+        assert loop.pace.woken
         # Found by its owner when its job-name label says another job (the label edited away from it).
         loop.take(lambda: ([], {}))
         owned: Any = {"metadata": {"name": "j", "ownerReferences": [OWNED_BY_J]}}
         moved = {"finetune.dev/job-name": "x"}
         asyncio.run(on_service(type="DELETED", body=owned, name="j", labels=moved, namespace="ns", memo=memo))
-        assert loop._woken.is_set()
+        assert loop.pace.woken

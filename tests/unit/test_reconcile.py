@@ -475,7 +475,7 @@ def on_flavor(name: str) -> dict[str, Any]:
 
 
 def test_admitted_job_pods_carry_their_flavors_labels_and_tolerations_and_wait_for_an_unread_one() -> None:
-    from finetune_operator.reconcile import admitted_flavors
+    from finetune_operator.kueue import admitted_flavors
 
     tol = {"key": "team", "operator": "Equal", "value": "a", "effect": "NoSchedule"}
     w = World(job2(queueName="q"))

@@ -101,14 +101,6 @@ def qualified_name_cel(var: str) -> str:
     return f"({var}.matches('{QUALIFIED_NAME}') && (!{var}.contains('/') || {var}.indexOf('/') <= {DNS_SUBDOMAIN_MAX}))"
 
 
-def is_label_value(v: object) -> bool:
-    return matches(LABEL_VALUE, v) and len(str(v)) <= LABEL_VALUE_MAX
-
-
-def is_dns_subdomain(v: object) -> bool:
-    return matches(DNS_SUBDOMAIN, v) and len(str(v)) <= DNS_SUBDOMAIN_MAX
-
-
 def is_extended_resource(name: str) -> bool:
     """Resources that cannot be overcommitted: requests must equal limits, in whole units (hugepages: any
     quantity, but also requested as limited)."""

@@ -26,10 +26,6 @@ PRECISIONS = ("fp32", "bf16")
 CLEAN_POD_POLICIES = ("Running", "All")
 PHASES = ("Queued", "Pending", "Precompiling", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
-# DNS-1123 label; job names end up in pod hostnames ("{job}-worker-{i}"), hence the tighter length bound
-# applied on metadata.name by a CEL rule in the CRD.
-NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-
 
 def _s(description: str, **kw: Any) -> Schema:
     return {"type": "string", "description": description, **kw}

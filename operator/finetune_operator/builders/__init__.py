@@ -15,11 +15,14 @@ from .names import Names
 from .objects import SshKeys, config_map, network_policy, owner_reference, service, ssh_secret
 from .pods import mpi_pods, torchrun_pods
 
-__all__ = ["Children", "Layout", "Names", "Placement", "SshKeys", "desired", "image_for", "owner_reference", "resolve"]
+__all__ = ["Desired", "Layout", "Names", "Placement", "SshKeys", "desired", "image_for", "owner_reference", "resolve"]
 
 
 @dataclass(frozen=True)
-class Children:
+class Desired:
+    """What `desired()` builds: every object the job's spec calls for (the children it should have, not the
+    ones it has)."""
+
     layout: Layout
     names: Names
     objects: list[dict[str, Any]]  # Service, ConfigMap, Secret: created once, never recreated by restarts
@@ -42,7 +45,7 @@ def desired(
     attempt: int = 0,
     network_policy_config: Mapping[str, Any] | None = None,
     placements: Mapping[str, Placement] | None = None,
-) -> Children:
+) -> Desired:
     """Every child of `job` (validated, defaults applied). MPI jobs get their SSH Secret only when `ssh_keys`
     are given: the operator makes keys only for a job whose (immutable) Secret does not exist yet, `ftjob
     render` always. With the operator's `networkPolicy: {enabled: true, extraIngress: [...]}`, a
@@ -61,13 +64,14 @@ def desired(
     else:
         pods = torchrun_pods(job, layout, names, image, attempt, placements)
     # Independent copies: callers mutate and serialise them freely.
-    return Children(layout, names, tree_copy(objects), tree_copy(pods))
+    return Desired(layout, names, tree_copy(objects), tree_copy(pods))
 
 
 def tree_copy(value: Any) -> Any:
     """A copy of a JSON-shaped tree (dicts, lists, tuples of scalars) that shares no container with the original
-    or within itself. copy.deepcopy does the same with a memo and type dispatch at twice the cost; it was the
-    largest share of the operator's CPU per pass (reconcile calls desired() on every pass)."""
+    or within itself. copy.deepcopy does the same with a memo and type dispatch, which cost more than the copy; it
+    was the largest share of the operator's CPU per pass (reconcile calls desired() on every pass; docs/operator.md,
+    "CPU per watch event")."""
     kind = type(value)
     if kind is dict:
         return {k: tree_copy(v) for k, v in value.items()}

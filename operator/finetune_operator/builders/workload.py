@@ -3,7 +3,7 @@ like the pods the job will create, so Kueue reserves exactly the quota the pods 
 
 Kueue's contract for a framework it does not know (its "external framework" integration): the job's
 controller creates the Workload, owns it, creates no pods until Kueue admits it, and marks it Finished when the
-job ends. reconcile.queued holds the pods back; this module only builds the object.
+job ends. kueue.queued (a phase of reconcile) holds the pods back; this module only builds the object.
 """
 
 from __future__ import annotations

@@ -55,8 +55,6 @@ GO_PACKAGES: dict[str, str] = {
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
 }
-# CoreDNS release built from tools/cluster/coredns (its go.mod pins it); cluster DNS of the local node.
-COREDNS_VERSION = "v1.15.0"
 # kube-network-policies release built from tools/cluster/netpol (its go.mod pins it): the node's NetworkPolicy
 # enforcement (node.NetworkPolicyAgent). The Go proxy's kube-router (v2.1.0) has reported security flaws.
 NETPOL_VERSION = "v0.8.0"
@@ -296,8 +294,9 @@ def build_go_binaries(force: bool = False, group: str = "control-plane") -> Buil
         for stale in [*out.parent.glob(f".build-{group}-*"), *out.parent.glob(f".gocache-{group}-*")]:
             shutil.rmtree(stale, ignore_errors=True)
         env = {**os.environ, "GOFLAGS": "-mod=mod", "GOMAXPROCS": jobs, "CGO_ENABLED": "0"}
-        # The compiled-package cache for this build is ~4 GB and only pays off when go.mod changes, which is
-        # rare: unless the caller names one (FTJOB_GO_CACHE or GOCACHE), use a throwaway one.
+        # The compiled-package cache for this build is gigabytes (docs/cluster.md, "Build cost") and only pays off
+        # when go.mod changes, which is rare: unless the caller names one (FTJOB_GO_CACHE or GOCACHE), use a
+        # throwaway one.
         keep_cache = os.environ.get("FTJOB_GO_CACHE") or os.environ.get("GOCACHE")
         _log(f"building {', '.join(build.packages)} with {go} (first run only, see docs/cluster.md)")
         start = time.monotonic()
@@ -380,11 +379,6 @@ def build_module_tool(name: str, force: bool = False) -> BuildResult | None:
         took = time.monotonic() - start
         _log(f"built {name} in {took:.0f} s into {out}")
         return BuildResult(seconds=took, names=[name])
-
-
-def build_kueue(force: bool = False) -> BuildResult | None:
-    """Build Kueue's manager into kueue_bin_dir(). Returns None when the cache was already current."""
-    return build_module_tool("kueue", force)
 
 
 def module_dir(name: str) -> Path:

@@ -41,8 +41,8 @@ SERVICE_FIRST_IP = "10.96.0.1"
 ADMIN_USER, ADMIN_GROUP = "ftjob-admin", "system:masters"
 CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
 SCHEDULER_USER = "system:kube-scheduler"
-# The first apiserver start runs RBAC bootstrap and CRD/OpenAPI post-start hooks; on a loaded 2-core
-# machine that has taken ~15 s. The deadline is generous because CI shares the cores with other jobs.
+# The first apiserver start runs RBAC bootstrap and CRD/OpenAPI post-start hooks, slow on a loaded machine
+# (docs/cluster.md, "Start time"). The deadline is generous because CI shares the cores with other jobs.
 DEFAULT_READY_TIMEOUT = 120.0
 
 _PR_SET_PDEATHSIG = 1

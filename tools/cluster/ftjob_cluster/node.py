@@ -284,7 +284,8 @@ def _containerd_config_digest(ref: str) -> str | None:
 def _image_names_sharing(full: str) -> list[str]:
     """`full` and every other name of the same image in the node's store. containerd's CRI plugin records each
     image it has seen under its ID too (`sha256:<config digest>`) and under its repo digest; removing the tag
-    alone left those, so the old build's layers were never collected (the store reached 27 GB)."""
+    alone left those, so the old build's layers were never collected (the store grew until the disk filled:
+    docs/cluster.md)."""
     rows = [line.split() for line in ctr("images", "ls").stdout.decode().splitlines()[1:]]
     target = next((cols[2] for cols in rows if cols and cols[0] == full), None)
     return [full] + [cols[0] for cols in rows if cols and cols[0] != full and target and cols[2] == target]
