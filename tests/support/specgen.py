@@ -241,6 +241,16 @@ def _requests_above_limits(job: Job, n: int) -> None:
     _hw(job)["resources"] = {"requests": {"cpu": str(n + 1)}, "limits": {"cpu": str(n)}}
 
 
+def _qa_stride(job: Job, stride: int) -> None:
+    job["spec"]["task"] = {
+        "type": "question-answering",
+        "model": "m",
+        "dataset": {"name": "squad"},
+        "docStride": stride,
+        "maxLength": 128,
+    }
+
+
 def _qa_samples(job: Job, text: str) -> None:
     job["spec"]["task"] = {
         "type": "question-answering",
@@ -396,6 +406,54 @@ MISTAKES: list[Mistake] = [
     Mistake("qa-with-sentences", "spec.task.inferenceSamples", _qa_samples, ("What is it?",)),
     Mistake("zero-nodes", "spec.hardware.nodes", _put("spec.hardware.nodes"), (0, -1)),
     Mistake("bad-profile", "spec.hardware.profile", _put("spec.hardware.profile"), ("trn3",)),
+    # Issue 23: numbers past what the code downstream handles, in every type a decoder may give them.
+    Mistake("seed-past-numpy", "spec.training.seed", _put("spec.training.seed"), (2**32, 2**63, 2**64)),
+    Mistake(
+        "deadline-past-maximum",
+        "spec.runPolicy.activeDeadlineSeconds",
+        _put("spec.runPolicy.activeDeadlineSeconds"),
+        (2**31, 2**63 - 1, 10**30),
+    ),
+    Mistake(
+        "ttl-past-maximum",
+        "spec.runPolicy.ttlSecondsAfterFinished",
+        _put("spec.runPolicy.ttlSecondsAfterFinished"),
+        (2**31, -1),
+    ),
+    Mistake(
+        "toleration-seconds-out-of-range",
+        "spec.hardware.tolerations",
+        _append("spec.hardware.tolerations"),
+        (
+            {"key": "k", "effect": "NoExecute", "tolerationSeconds": -1},
+            {"key": "k", "effect": "NoExecute", "tolerationSeconds": 2**31},
+        ),
+    ),
+    Mistake("whole-float-for-integer", "spec.hardware.nodes", _put("spec.hardware.nodes"), (1.0, 2.0)),
+    Mistake("integer-past-int64", "spec.hardware.nodes", _put("spec.hardware.nodes"), (2**63, -(2**63) - 1)),
+    # What the runtime refused only after loading the data.
+    Mistake(
+        "output-url-without-bucket", "spec.output.url", _put("spec.output"), ({"url": "s3:///x"}, {"url": "s3://"})
+    ),
+    Mistake("qa-stride-fills-the-window", "spec.task.docStride", _qa_stride, (64, 128, 4096)),
+    # Device accounting and the runtime contract.
+    Mistake(
+        "env-device-visibility",
+        "spec.env",
+        _append("spec.env"),
+        ({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "NEURON_RT_VISIBLE_CORES", "value": "0-31"}),
+    ),
+    Mistake(
+        "env-from-reserved-prefix",
+        "spec.envFrom",
+        _append("spec.envFrom"),
+        ({"configMapRef": {"name": "c"}, "prefix": "FTJOB_"}, {"secretRef": {"name": "s"}, "prefix": "NVIDIA_"}),
+    ),
+    # metadata, which the CRD's schema cannot constrain.
+    Mistake("kueue-queue-label", "metadata.labels", _put("metadata.labels"), ({"kueue.x-k8s.io/queue-name": "q"},)),
+    Mistake("bad-label-value", "metadata.labels", _put("metadata.labels"), ({"app": "bad value"}, {"app": "x\n"})),
+    Mistake("name-trailing-newline", "metadata.name", _put("metadata.name"), ("job\n",)),
+    Mistake("image-trailing-newline", "spec.image", _put("spec.image"), ("registry.test/x:1\n",)),
 ]
 
 
@@ -474,7 +532,9 @@ def boundary_values(node: dict[str, Any], current: Any) -> list[Any]:
     t = node.get("type")
     vals: list[Any] = list(TYPE_SWAPS)
     if node.get("x-kubernetes-int-or-string"):
-        vals += _numbers({"type": "integer"}) + _strings(node, current) + ["1e18", "1E", "999999999999999999999"]
+        # Quantities: int64's edges, Kubernetes' 1E ceiling, suffixes, and RE2's end of text.
+        vals += [INT64_MAX, INT64_MAX + 1, 2**64, 2.0, 0.5, float("nan"), "1e18", "1E", "999999999999999999999"]
+        vals += ["1\n", "2Gi\n", "-1", "0.5m", "1Ki", "1ki", "+1", ".5", "1e-3", "a" * 65, "1" * 64]
     elif t in ("integer", "number"):
         vals += _numbers(node)
     elif t == "string":

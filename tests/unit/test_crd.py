@@ -51,16 +51,64 @@ def _cel_rules(node: Any, out: list[str]) -> list[str]:
     return out
 
 
-def test_every_rule_has_its_cel_twin_in_the_crd() -> None:
+def test_every_rule_has_its_cel_twin_in_the_crd_or_the_admission_policy() -> None:
+    from finetune_operator.crd import admission_policy
+
     rules = _cel_rules(crd(), [])
+    policy, binding = admission_policy()
+    expressions = [v["expression"] for v in policy["spec"]["validations"]]
     for rule in all_rules():
-        assert rule.cel in rules, rule.id
+        assert rule.cel in (expressions if rule.admission_policy else rules), rule.id
+        assert (rule.cel in rules) != rule.admission_policy, rule.id
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (match,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert match["resources"] == ["finetunejobs"] and match["operations"] == ["CREATE", "UPDATE"]
 
 
-def test_transition_rules_make_the_spec_blocks_immutable() -> None:
+def test_ftjob_crd_prints_the_crd_and_its_admission_policy() -> None:
+    import yaml
+
+    from finetune_operator.crd import crd_yaml
+
+    kinds = [d["kind"] for d in yaml.safe_load_all(crd_yaml())]
+    assert kinds == ["CustomResourceDefinition", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+
+
+def test_the_kueue_label_rule_runs_in_the_admission_policy() -> None:
+    """A CRD's CEL sees no metadata but the name: the label rule must live in the ValidatingAdmissionPolicy."""
+    (rule,) = [r for r in all_rules() if r.admission_policy]
+    assert rule.id == "no-kueue-queue-label" and "object.metadata.labels" in rule.cel
+    assert "spec.runPolicy.queueName" in rule.message
+
+
+def test_every_integer_of_the_spec_is_refused_as_a_float() -> None:
+    from finetune_operator.crd import WHOLE_NUMBER
+
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    missing: list[str] = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        if node.get("type") == "integer" and WHOLE_NUMBER not in node.get("x-kubernetes-validations", []):
+            missing.append(path)
+        for k, sub in (node.get("properties") or {}).items():
+            walk(sub, f"{path}.{k}")
+        for k in ("items", "additionalProperties"):
+            if isinstance(node.get(k), dict):
+                walk(node[k], f"{path}.{k}")
+
+    walk(spec, "spec")
+    assert missing == []
+
+
+def test_transition_rules_make_the_spec_blocks_immutable_and_freeze_the_queue_once_admitted() -> None:
     ids = {r.id for r in all_rules() if r.transition}
     blocks = ("hardware", "task", "launcher", "mpi", "training", "output", "compileCache", "command")
-    assert ids == {f"{b}-immutable" for b in blocks}
+    assert ids == {f"{b}-immutable" for b in blocks} | {"queue-name-frozen-once-admitted"}
+    (queue,) = [r for r in all_rules() if r.id == "queue-name-frozen-once-admitted"]
+    assert queue.scope == "" and "oldSelf.status" in queue.cel  # reads the stored status: root scope
+    root = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    entry = next(v for v in root if v["rule"] == queue.cel)
+    assert entry["fieldPath"] == ".spec.runPolicy.queueName"
 
 
 def test_api_reference_is_generated() -> None:

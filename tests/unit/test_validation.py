@@ -242,9 +242,12 @@ def test_a_number_past_its_maximum_is_refused_and_the_maximum_itself_accepted(fi
 
 def test_toleration_seconds_are_bounded_both_ways() -> None:
     def tol(seconds: int) -> dict:
-        return make_job().classification().set(
-            "spec.hardware.tolerations", [{"key": "k", "effect": "NoExecute", "tolerationSeconds": seconds}]
-        ).build()
+        return (
+            make_job()
+            .classification()
+            .set("spec.hardware.tolerations", [{"key": "k", "effect": "NoExecute", "tolerationSeconds": seconds}])
+            .build()
+        )
 
     validate(tol(0))
     validate(tol(2**31 - 1))
@@ -294,7 +297,7 @@ def test_an_s3_url_without_a_bucket_boto3_accepts_is_refused(url: str) -> None:
     assert [e.field for e in exc.value.errors] == ["spec.output.url"]
     assert "s3://<bucket>/<prefix>" in str(exc.value)
     cache = make_job().profile("trn1").classification().cache(url=url).build()
-    with pytest.raises(InvalidSpec, match="spec.compileCache.url"):
+    with pytest.raises(InvalidSpec, match=r"spec.compileCache.url"):
         validate(cache)
 
 
@@ -304,9 +307,8 @@ def test_s3_urls_the_runtime_takes_are_accepted(url: str) -> None:
 
 
 def test_the_runtime_s3_parser_and_the_schema_agree_on_the_bucket() -> None:
-    from finetune_runtime.s3sync import S3Url
-
     from finetune_operator.api import formats
+    from finetune_runtime.s3sync import S3Url
 
     for url in ("s3:///x", "s3://", "s3://b", "s3://b/p/q"):
         try:
@@ -326,7 +328,7 @@ def test_text_classification_needs_labels_or_a_label_map() -> None:
         validate(job)
     assert [e.field for e in exc.value.errors] == ["spec.task.labels"]
     job["spec"]["task"]["labels"] = []
-    with pytest.raises(InvalidSpec, match="spec.task.labels"):
+    with pytest.raises(InvalidSpec, match=r"spec.task.labels"):
         validate(job)
 
 
@@ -336,7 +338,7 @@ def test_question_answering_stride_must_leave_room_for_the_question() -> None:
     with pytest.raises(InvalidSpec) as exc:
         validate(make_job().qa().build())
     assert [e.field for e in exc.value.errors] == ["spec.task.docStride"]
-    with pytest.raises(InvalidSpec, match="spec.task.docStride"):
+    with pytest.raises(InvalidSpec, match=r"spec.task.docStride"):
         validate(make_job().qa().set("spec.task.maxLength", 256).build())
     validate(make_job().qa().set("spec.task.maxLength", 384).build())
     validate(make_job().qa().set("spec.task.docStride", 32).build())
@@ -389,13 +391,13 @@ def test_a_trailing_newline_or_unicode_space_is_refused_as_the_api_server_does(f
 
 def test_cross_field_patterns_use_re2_semantics() -> None:
     files = make_job().classification().data_files(train="t.jsonl", **{"validation\n": "v.jsonl"}).build()
-    with pytest.raises(InvalidSpec, match="spec.task.dataset.dataFiles"):
+    with pytest.raises(InvalidSpec, match=r"spec.task.dataset.dataFiles"):
         validate(files)
     fmt = make_job().classification().data_files(train="t.jsonl\n").build()
-    with pytest.raises(InvalidSpec, match="spec.task.dataset.format"):
+    with pytest.raises(InvalidSpec, match=r"spec.task.dataset.format"):
         validate(fmt)
     field = [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a']\n"}}}]
-    with pytest.raises(InvalidSpec, match="spec.env"):
+    with pytest.raises(InvalidSpec, match=r"spec.env"):
         validate(make_job().classification().set("spec.env", field).build())
 
 
@@ -447,7 +449,7 @@ def test_a_whole_float_in_an_integer_field_is_refused(value: float) -> None:
     that it refuses it everywhere, as render does."""
     from finetune_operator.crd import WHOLE_NUMBER, crd
 
-    with pytest.raises(InvalidSpec, match="spec.hardware.nodes: must be of type integer"):
+    with pytest.raises(InvalidSpec, match=r"spec.hardware.nodes: must be of type integer"):
         validate(make_job().classification().set("spec.hardware.nodes", value).build())
     hw = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["hardware"]
     assert WHOLE_NUMBER in hw["properties"]["nodes"]["x-kubernetes-validations"]
@@ -581,5 +583,5 @@ def test_device_limits_that_match_the_processes_are_accepted(profile: str, procs
 
 def test_output_path_may_not_reach_into_the_cache_folder() -> None:
     job = make_job().classification().set("spec.output", {"claimName": "shared", "path": ".finetune-cache/x"})
-    with pytest.raises(InvalidSpec, match="spec.output.path"):
+    with pytest.raises(InvalidSpec, match=r"spec.output.path"):
         validate(job.build())
