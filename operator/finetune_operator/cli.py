@@ -145,6 +145,13 @@ def _crd(_: argparse.Namespace) -> int:
     return 0
 
 
+def _admission_policy(_: argparse.Namespace) -> int:
+    from .crd import admission_policy_yaml
+
+    sys.stdout.write(admission_policy_yaml())
+    return 0
+
+
 def _api_docs(_: argparse.Namespace) -> int:
     from .apidoc import render
 
@@ -202,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("crd", help="print the CustomResourceDefinition")
     c.set_defaults(func=_crd)
+
+    v = sub.add_parser(
+        "admission-policy", help="print the ValidatingAdmissionPolicy (and binding) for rules a CRD cannot state"
+    )
+    v.set_defaults(func=_admission_policy)
 
     d = sub.add_parser("api-docs", help="print the API reference (docs/api.md) in Markdown")
     d.set_defaults(func=_api_docs)

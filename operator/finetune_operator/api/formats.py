@@ -41,7 +41,9 @@ CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
 CONFIG_KEY_MAX = 253
 # What Go's unicode.IsSpace calls space (strings.TrimSpace, which the pod's image rule uses): written out, since
 # RE2's \s is ASCII only and Python's is wider still.
-UNICODE_SPACES = "\t\n\v\f\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# Spelled with RE2's escapes, not the characters themselves: YAML tools differ on raw NEL or LINE SEPARATOR in a
+# string (kustomize drops a NEL), and the CRD copies must mean the same everywhere.
+UNICODE_SPACES = r"\t\n\v\f\r \x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}"
 # Container images: no whitespace anywhere (the pod's rule is no leading or trailing whitespace; inner
 # whitespace never names a pullable image).
 IMAGE = f"^[^{UNICODE_SPACES}]+$"
@@ -72,6 +74,7 @@ HUGEPAGES_PREFIX = "hugepages-"
 
 
 _RE2_ONLY = re.compile(r"\\[sSdDwWbBAzZ]")
+_RE2_HEX = re.compile(r"\\x\{([0-9A-Fa-f]{1,6})\}")
 
 
 @functools.cache
@@ -84,6 +87,12 @@ def _python_pattern(pattern: str) -> re.Pattern[str]:
     while i < len(pattern):
         ch = pattern[i]
         if ch == "\\":
+            wide = _RE2_HEX.match(pattern, i)
+            if wide:  # RE2's \x{HHHH}: Python spells it \uHHHH or \UHHHHHHHH
+                code = int(wide.group(1), 16)
+                out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+                i = wide.end()
+                continue
             out.append(pattern[i : i + 2])
             i += 2
             continue
