@@ -1,6 +1,8 @@
 # Helm chart, kustomize manifests and the EKS guide (charts/finetune-operator, manifests/, docs/eks.md).
 CHART_DIR := charts/finetune-operator
 CRD_COPIES := $(CHART_DIR)/crds/finetunejobs.yaml manifests/crd/finetunejobs.yaml
+# The ValidatingAdmissionPolicy beside the CRD: a chart template reads it (Helm's crds/ takes CRDs only).
+POLICY_COPIES := $(CHART_DIR)/admission/finetunejobs-policy.yaml manifests/crd/finetunejobs-policy.yaml
 
 .PHONY: generate generate-crds generate-profile-lists generate-api-docs test-chart test-chart-install chart-lint
 
@@ -10,11 +12,14 @@ generate: generate-crds generate-profile-lists generate-api-docs ## Regenerate e
 generate-api-docs: setup ## Write docs/api.md from the schema and rules (`ftjob api-docs`)
 	$(VENV)/bin/ftjob api-docs > docs/api.md.new && mv docs/api.md.new docs/api.md
 
-generate-crds: setup ## Copy `ftjob crd` into the chart's crds/ and manifests/crd/
-	@mkdir -p $(dir $(CRD_COPIES))
+generate-crds: setup ## Copy `ftjob crd` and `ftjob admission-policy` into the chart and manifests/crd/
+	@mkdir -p $(dir $(CRD_COPIES)) $(dir $(POLICY_COPIES))
 	$(VENV)/bin/ftjob crd > $(CHART_DIR)/crds/.finetunejobs.yaml.new
 	@for f in $(CRD_COPIES); do cp $(CHART_DIR)/crds/.finetunejobs.yaml.new $$f; done
 	@rm -f $(CHART_DIR)/crds/.finetunejobs.yaml.new
+	$(VENV)/bin/ftjob admission-policy > $(CHART_DIR)/admission/.policy.yaml.new
+	@for f in $(POLICY_COPIES); do cp $(CHART_DIR)/admission/.policy.yaml.new $$f; done
+	@rm -f $(CHART_DIR)/admission/.policy.yaml.new
 
 generate-profile-lists: setup ## Write the profile list (profiles/*.yaml) into the chart's values.schema.json
 	$(PY) hack/profile_lists.py

@@ -66,12 +66,19 @@ def render() -> str:
         "",
         "## Cross-field rules",
         "",
-        "Enforced by the API server (CEL in the CRD) and, identically, by `ftjob render` and `ftjob run`.",
+        "Enforced by the API server and, identically, by `ftjob render` and `ftjob run`: CEL in the CRD, or, for a "
+        "rule on labels (which a CRD's CEL cannot read), a ValidatingAdmissionPolicy installed beside it "
+        "(`ftjob admission-policy`). Transition rules compare an update with the stored object, so only the API "
+        "server runs them. Besides these, every integer of the spec is written without a fraction (`2`, not "
+        "`2.0`: a `type(self) == int` rule on each), no number may be NaN or infinite (JSON has neither), and "
+        "`metadata` is checked as the API server checks any object's (types, label and annotation formats, no "
+        "unknown field).",
         "",
-        "| rule | field | message |",
-        "|---|---|---|",
+        "| rule | field | enforced by | message |",
+        "|---|---|---|---|",
     ]
     for r in all_rules():
         msg = r.message.replace("\n", " ").replace("|", "\\|")
-        out.append(f"| `{r.id}` | `{r.path or r.scope}` | {msg} |")
+        where = "ValidatingAdmissionPolicy" if r.admission_policy else "CRD, on update only" if r.transition else "CRD"
+        out.append(f"| `{r.id}` | `{r.path or r.scope}` | {where} | {msg} |")
     return "\n".join(out) + "\n\n" + MIGRATION

@@ -32,12 +32,39 @@ def dump_yaml_stream(objs: list[dict[str, Any]]) -> str:
     return yaml.dump_all(objs, Dumper=_NoAliasDumper, sort_keys=False, width=120)
 
 
+class _KeyError(ValueError):
+    pass
+
+
+def _string_keys(value: Any, path: str) -> Any:
+    """Map keys as kubectl turns YAML into JSON (sigs.k8s.io/yaml): an unquoted number or boolean key (a labelMap's
+    `1: 0`) becomes its text; any other non-string key has no JSON form."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if isinstance(k, bool):
+                key = "true" if k else "false"
+            elif isinstance(k, int):
+                key = str(k)
+            elif isinstance(k, str):
+                key = k
+            else:
+                raise _KeyError(f"{path or 'the document'} has the key {k!r}, which JSON cannot hold: quote it")
+            out[key] = _string_keys(v, f"{path}.{key}" if path else key)
+        return out
+    if isinstance(value, list):
+        return [_string_keys(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
 def load_jobs(path: str) -> list[dict[str, Any]]:
     text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d]
+        docs = [_string_keys(d, "") for d in yaml.safe_load_all(text) if d]
     except yaml.YAMLError as e:
         raise SystemExit(f"error: {path} is not valid YAML: {e}") from None
+    except _KeyError as e:
+        raise SystemExit(f"error: {path}: {e}") from None
     if not docs:
         raise SystemExit(f"error: {path} holds no FineTuneJob")
     for d in docs:
@@ -49,7 +76,7 @@ def load_jobs(path: str) -> list[dict[str, Any]]:
 def load_config(path: str | None) -> dict[str, Any]:
     """Operator configuration (the chart's ConfigMap): `images: {profile: image}`,
     `networkPolicy: {enabled: bool, extraIngress: [NetworkPolicyIngressRule]}`,
-    `policy: {allowedImages, allowedServiceAccounts, allowedSecrets: [glob]}` (policy.py)."""
+    `policy: {allowedImages, allowedServiceAccounts, allowedSecrets, ...}` (policy.py, docs/operator.md)."""
     if not path:
         return {}
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
@@ -71,9 +98,19 @@ def _render(args: argparse.Namespace) -> int:
     failed = False
     for raw in load_jobs(args.filename):
         meta = raw.setdefault("metadata", {})
+        name = meta.get("name", "<unnamed>") if isinstance(meta, dict) else "<unnamed>"
+        given = meta.get("namespace") if isinstance(meta, dict) else None
+        if args.namespace and given and given != args.namespace:
+            # What kubectl says to `kubectl apply -n other -f job.yaml`; the API server refuses it too.
+            failed = True
+            print(
+                f"error: FineTuneJob {name!r} names namespace {given!r} in metadata.namespace but is rendered into "
+                f"{args.namespace!r} (-n): drop one of them",
+                file=sys.stderr,
+            )
+            continue
         if args.namespace and isinstance(meta, dict):
             meta["namespace"] = args.namespace
-        name = meta.get("name", "<unnamed>") if isinstance(meta, dict) else "<unnamed>"
         try:
             job = validate(raw)
         except InvalidSpec as e:
@@ -82,7 +119,7 @@ def _render(args: argparse.Namespace) -> int:
             for err in e.errors:
                 print(f"  {err}", file=sys.stderr)
             continue
-        broken = violations(job["spec"], config)
+        broken = violations(job["spec"], config, job["metadata"].get("namespace") or "default")
         if broken:
             failed = True
             print(
@@ -105,6 +142,13 @@ def _crd(_: argparse.Namespace) -> int:
     from .crd import crd_yaml
 
     sys.stdout.write(crd_yaml())
+    return 0
+
+
+def _admission_policy(_: argparse.Namespace) -> int:
+    from .crd import admission_policy_yaml
+
+    sys.stdout.write(admission_policy_yaml())
     return 0
 
 
@@ -165,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("crd", help="print the CustomResourceDefinition")
     c.set_defaults(func=_crd)
+
+    v = sub.add_parser(
+        "admission-policy", help="print the ValidatingAdmissionPolicy (and binding) for rules a CRD cannot state"
+    )
+    v.set_defaults(func=_admission_policy)
 
     d = sub.add_parser("api-docs", help="print the API reference (docs/api.md) in Markdown")
     d.set_defaults(func=_api_docs)

@@ -1,22 +1,33 @@
 """Operator-side allowlists (the chart's `policy` values, the config file's `policy:` block).
 
 `create` on finetunejobs amounts to creating pods in the namespace: with any image, any ServiceAccount and any
-Secret there (docs/operator.md, "Who may create a job"). These lists narrow that: a job naming an image,
-ServiceAccount or Secret outside them ends Failed/PolicyViolation before any child is created. An empty or
-absent list allows everything (the default). Pure: reconcile.py calls `violations()` on every unfinished pass,
-so tightening a list also stops running jobs that break it.
+Secret there, on any node the pods tolerate and select (docs/operator.md, "Who may create a job"). These lists
+narrow that: a job naming an image, ServiceAccount, Secret, claim, toleration, node label or scheduler outside
+them, or lacking a queue its namespace requires, ends Failed/PolicyViolation before any child is created. An
+empty or absent list allows everything (the default). Pure: reconcile.py calls `violations()` on every unfinished
+pass, so tightening a list also stops running jobs that break it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from fnmatch import fnmatchcase
 from typing import Any
 
 REASON = "PolicyViolation"  # status.reason and the Event's reason of a job that breaks an allowlist
 # Config keys, read by reconcile (through violations()) and written by the chart's ConfigMap template.
 IMAGES, SERVICE_ACCOUNTS, SECRETS = "allowedImages", "allowedServiceAccounts", "allowedSecrets"
+CLAIMS = "allowedClaims"  # [{namespaces: [glob], claims: [glob], purposes: [output|compileCache]}]
+TOLERATION_KEYS = "allowedTolerationKeys"  # spec.hardware.tolerations[].key
+NODE_LABELS = "allowedNodeLabels"  # "key=value" globs for spec.hardware.nodeSelector and node affinity
+SCHEDULERS = "allowedSchedulerNames"  # spec.hardware.schedulerName
+QUEUE_REQUIRED = "queueRequiredNamespaces"  # namespaces whose jobs must set spec.runPolicy.queueName
+GLOB_LISTS = (IMAGES, SERVICE_ACCOUNTS, SECRETS, TOLERATION_KEYS, NODE_LABELS, SCHEDULERS, QUEUE_REQUIRED)
+KEYS = (*GLOB_LISTS[:3], CLAIMS, *GLOB_LISTS[3:])
 DEFAULT_SERVICE_ACCOUNT = "default"  # what a pod without serviceAccountName runs as
+# What a spec mounts from a PersistentVolumeClaim, by purpose (an allowedClaims entry's `purposes`).
+CLAIM_PURPOSES = {"output": "spec.output.claimName", "compileCache": "spec.compileCache.claimName"}
+CLAIM_ENTRY_KEYS = ("namespaces", "claims", "purposes")
 
 
 def _allowed(value: str, patterns: list[str]) -> bool:
@@ -39,32 +50,186 @@ def secrets_of(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def violations(spec: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+def claims_of(spec: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(purpose, field, claim name) of every PersistentVolumeClaim the job's pods would mount."""
+    out = []
+    for purpose, field in CLAIM_PURPOSES.items():
+        name = (spec.get(field.split(".")[1]) or {}).get("claimName")
+        if name:
+            out.append((purpose, field, str(name)))
+    return out
+
+
+def _claim_allowed(purpose: str, claim: str, namespace: str, entries: list[Mapping[str, Any]]) -> bool:
+    return any(
+        _allowed(namespace, list(e.get("namespaces") or ["*"]))
+        and _allowed(claim, list(e.get("claims") or []))
+        and purpose in (e.get("purposes") or CLAIM_PURPOSES)
+        for e in entries
+    )
+
+
+def _dicts(value: Any) -> Iterator[Mapping[str, Any]]:
+    """The mappings in `value` when it is a list (a pass-through field may hold anything)."""
+    if isinstance(value, list):
+        yield from (v for v in value if isinstance(v, Mapping))
+
+
+def node_terms(affinity: Any) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(field, node selector term) of spec.hardware.affinity's nodeAffinity, required and preferred."""
+    node = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    if not isinstance(node, Mapping):
+        return
+    base = "spec.hardware.affinity.nodeAffinity"
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if isinstance(required, Mapping):
+        for i, term in enumerate(_dicts(required.get("nodeSelectorTerms"))):
+            yield f"{base}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]", term
+    for i, pref in enumerate(_dicts(node.get("preferredDuringSchedulingIgnoredDuringExecution"))):
+        if isinstance(pref.get("preference"), Mapping):
+            yield f"{base}.preferredDuringSchedulingIgnoredDuringExecution[{i}].preference", pref["preference"]
+
+
+def _label_allowed(key: str, value: str | None, patterns: list[str]) -> bool:
+    """`key=value` against "keyglob=valueglob" patterns (a pattern without '=' allows any value of its keys).
+    value None: an expression that may select any value of the key (Exists, NotIn, Gt, ...), which only a
+    pattern whose value part is exactly `*` allows."""
+    for p in patterns:
+        kglob, eq, vglob = p.partition("=")
+        vglob = vglob if eq else "*"
+        if fnmatchcase(key, kglob) and (vglob == "*" if value is None else fnmatchcase(value, vglob)):
+            return True
+    return False
+
+
+def _selection(spec: Mapping[str, Any]) -> Iterator[tuple[str, str, str | None]]:
+    """(field, label key, value or None for "any value") of every node label the job's pods select by."""
+    hw = spec.get("hardware") or {}
+    for k, v in (hw.get("nodeSelector") or {}).items():
+        yield f"spec.hardware.nodeSelector[{k}]", str(k), str(v)
+    for field, term in node_terms(hw.get("affinity")):
+        for kind in ("matchExpressions", "matchFields"):
+            for i, expr in enumerate(_dicts(term.get(kind))):
+                key, op, values = str(expr.get("key", "")), expr.get("operator"), expr.get("values")
+                where = f"{field}.{kind}[{i}]"
+                if op == "In" and isinstance(values, list):
+                    yield from ((where, key, str(v)) for v in values)
+                else:
+                    yield where, key, None
+
+
+def _glob_list(policy: Mapping[str, Any], key: str) -> list[str]:
+    return [str(x) for x in policy.get(key) or []]
+
+
+def _scheduling_violations(spec: Mapping[str, Any], policy: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    hw = spec.get("hardware") or {}
+    keys = _glob_list(policy, TOLERATION_KEYS)
+    for i, t in enumerate(hw.get("tolerations") or [] if keys else []):
+        key = str(t.get("key") or "")
+        if not _allowed(key, keys):
+            what = f"key {key!r}" if key else "an empty key (every taint)"
+            out.append(
+                f"spec.hardware.tolerations[{i}] with {what} is not allowed by the operator's policy."
+                f"{TOLERATION_KEYS} {keys}: tolerate only those taints (the profile's own tolerations are always "
+                "added)"
+            )
+    labels = _glob_list(policy, NODE_LABELS)
+    for field, key, value in _selection(spec) if labels else []:
+        if not _label_allowed(key, value, labels):
+            what = f"{key}={value}" if value is not None else f"any value of {key}"
+            out.append(
+                f"{field} selects nodes by {what!r}, which the operator's policy.{NODE_LABELS} {labels} does not "
+                "allow: select only those labels (an expression other than In needs a pattern `<key>=*`); the "
+                "profile's and instance type's selectors are always added"
+            )
+    schedulers = _glob_list(policy, SCHEDULERS)
+    name = hw.get("schedulerName")
+    if schedulers and name and not _allowed(str(name), schedulers):
+        out.append(
+            f"spec.hardware.schedulerName {name!r} is not allowed by the operator's policy.{SCHEDULERS} "
+            f"{schedulers}: name one of those schedulers, or leave it out for the cluster's default scheduler"
+        )
+    return out
+
+
+def violations(spec: Mapping[str, Any], config: Mapping[str, Any], namespace: str) -> list[str]:
     """One message per field that breaks the operator's allowlists, each naming the field, the value, the
     allowlist and the fix. The profiles' default images (the operator's own configuration) are always allowed:
-    only spec.image is checked."""
+    only spec.image is checked. `namespace` is the job's: the rules given for some namespaces only
+    (allowedClaims entries with `namespaces`, queueRequiredNamespaces) match a glob against it."""
     policy: Mapping[str, Any] = config.get("policy") or {}
+    ns = namespace
     out: list[str] = []
-    images: list[str] = list(policy.get(IMAGES) or [])
+    images = _glob_list(policy, IMAGES)
     if images and spec.get("image") and not _allowed(str(spec["image"]), images):
         out.append(
             f"spec.image {spec['image']!r} is not allowed by the operator's policy.{IMAGES} {images}: "
             "use a matching image, or leave spec.image empty for the profile's default"
         )
-    accounts: list[str] = list(policy.get(SERVICE_ACCOUNTS) or [])
+    accounts = _glob_list(policy, SERVICE_ACCOUNTS)
     account = str(spec.get("serviceAccountName") or DEFAULT_SERVICE_ACCOUNT)
     if accounts and not _allowed(account, accounts):
         out.append(
             f"spec.serviceAccountName {account!r} is not allowed by the operator's "
             f"policy.{SERVICE_ACCOUNTS} {accounts}: name one of those ServiceAccounts"
         )
-    secrets: list[str] = list(policy.get(SECRETS) or [])
+    secrets = _glob_list(policy, SECRETS)
     for field, name in secrets_of(spec) if secrets else []:
         if not _allowed(name, secrets):
             out.append(
                 f"{field} {name!r} is not allowed by the operator's policy.{SECRETS} {secrets}: "
                 "reference one of those Secrets"
             )
+    entries = [e for e in policy.get(CLAIMS) or [] if isinstance(e, Mapping)]
+    for purpose, field, claim in claims_of(spec) if entries else []:
+        if not _claim_allowed(purpose, claim, ns, entries):
+            usable = sorted(
+                {
+                    c
+                    for e in entries
+                    if _allowed(ns, list(e.get("namespaces") or ["*"]))
+                    and purpose in (e.get("purposes") or CLAIM_PURPOSES)
+                    for c in e.get("claims") or []
+                }
+            )
+            out.append(
+                f"{field} {claim!r} is not allowed for {purpose} in namespace {ns!r} by the operator's "
+                f"policy.{CLAIMS}: name a claim listed there for {purpose}"
+                + (f" (e.g. {', '.join(usable)})" if usable else "")
+            )
+    out += _scheduling_violations(spec, policy)
+    required = _glob_list(policy, QUEUE_REQUIRED)
+    if required and not (spec.get("runPolicy") or {}).get("queueName") and _allowed(ns, required):
+        out.append(
+            f"spec.runPolicy.queueName is required in namespace {ns!r} by the operator's policy.{QUEUE_REQUIRED} "
+            f"{required}: name the Kueue LocalQueue the job waits in"
+        )
+    return out
+
+
+def _check_claims(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        return [f"policy.{CLAIMS}: expected a list of {{namespaces, claims, purposes}} entries, got {value!r}"]
+    out = []
+    for i, e in enumerate(value):
+        where = f"policy.{CLAIMS}[{i}]"
+        if not isinstance(e, Mapping):
+            out.append(f"{where}: expected a mapping with claims (and optionally namespaces, purposes)")
+            continue
+        out += [
+            f"{where}.{k}: unknown key (known: {', '.join(CLAIM_ENTRY_KEYS)})" for k in e if k not in CLAIM_ENTRY_KEYS
+        ]
+        for k in CLAIM_ENTRY_KEYS:
+            v = e.get(k)
+            if (k == "claims" or v is not None) and not (
+                isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)
+            ):
+                out.append(f"{where}.{k}: expected a non-empty list of non-empty strings, got {v!r}")
+        bad = [p for p in e.get("purposes") or [] if p not in CLAIM_PURPOSES]
+        if bad:
+            out.append(f"{where}.purposes: unknown {bad} (known: {', '.join(CLAIM_PURPOSES)})")
     return out
 
 
@@ -74,14 +239,12 @@ def check_config(config: Mapping[str, Any]) -> list[str]:
     if policy is None:
         return []
     if not isinstance(policy, Mapping):
-        return ["policy: expected a mapping with allowedImages, allowedServiceAccounts and allowedSecrets"]
-    out = [
-        f"policy.{k}: unknown key (known: {IMAGES}, {SERVICE_ACCOUNTS}, {SECRETS})"
-        for k in policy
-        if k not in (IMAGES, SERVICE_ACCOUNTS, SECRETS)
-    ]
-    for k in (IMAGES, SERVICE_ACCOUNTS, SECRETS):
+        return [f"policy: expected a mapping with {', '.join(KEYS)}"]
+    out = [f"policy.{k}: unknown key (known: {', '.join(KEYS)})" for k in policy if k not in KEYS]
+    for k in GLOB_LISTS:
         v = policy.get(k)
         if v is not None and not (isinstance(v, list) and all(isinstance(x, str) and x for x in v)):
             out.append(f"policy.{k}: expected a list of non-empty strings (globs), got {v!r}")
+    if policy.get(CLAIMS) is not None:
+        out += _check_claims(policy[CLAIMS])
     return out

@@ -438,7 +438,7 @@ def terminal(p: Pass) -> Plan | None:
 def allowlists(p: Pass) -> Plan | None:
     """The operator's allowlists (policy.py): a job naming an image, ServiceAccount or Secret outside them fails
     before any child is created; a tightened list also ends a running job at its next pass."""
-    broken = policy.violations(p.job["spec"], p.config)
+    broken = policy.violations(p.job["spec"], p.config, p.names.namespace)
     if not broken:
         return None
     return p.finish("Failed", policy.REASON, "; ".join(broken))

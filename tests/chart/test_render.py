@@ -97,6 +97,8 @@ def test_default_render_has_exactly_the_operator_objects(render: Renderer) -> No
         ("Deployment", NAMESPACE, "finetune-operator"),
         ("Service", NAMESPACE, "finetune-operator-metrics"),
         ("ServiceAccount", NAMESPACE, "finetune-operator"),
+        ("ValidatingAdmissionPolicy", "", "finetunejobs.finetune.dev"),
+        ("ValidatingAdmissionPolicyBinding", "", "finetunejobs.finetune.dev"),
     ]
 
 
@@ -321,12 +323,34 @@ def test_allowlists_reach_the_operator_config_and_load_there(render: Renderer, t
         "allowedImages": ["registry.example.com/team/*"],
         "allowedServiceAccounts": ["trainer"],
         "allowedSecrets": [],
+        "allowedClaims": [
+            {"namespaces": ["team-a"], "claims": ["team-a-results"], "purposes": ["output"]},
+            {"claims": ["finetune-cache"], "purposes": ["compileCache"]},
+        ],
+        "allowedTolerationKeys": ["nvidia.com/gpu"],
+        "allowedNodeLabels": ["pool=team-a-*"],
+        "allowedSchedulerNames": ["neuron-scheduler"],
+        "queueRequiredNamespaces": ["team-*"],
     }
     config = operator_config(render(Values().set({"policy": policy})))
-    assert config["policy"] == policy
+    written = {k: v for k, v in policy.items() if v}  # an empty list allows everything, as an absent one
+    assert config["policy"] == written
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    assert load_config(str(path))["policy"] == policy
+    assert load_config(str(path))["policy"] == written
+
+
+def test_every_policy_key_of_the_chart_is_one_the_operator_knows() -> None:
+    """values.yaml, values.schema.json and policy.py name the same keys."""
+    import json
+
+    from chartlib import CHART
+
+    from finetune_operator.policy import KEYS
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["policy"]
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["policy"]["properties"]
+    assert list(values) == list(schema) == list(KEYS)
 
 
 def test_non_default_operator_settings(render: Renderer) -> None:

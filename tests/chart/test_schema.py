@@ -52,6 +52,21 @@ BAD_VALUES: list[tuple[str, Values, str]] = [
     ),
     ("unknown allowlist", Values().set({"policy": {"allowedNamespaces": ["a"]}}), "/policy"),
     (
+        "claim entry without claims",
+        Values().set({"policy": {"allowedClaims": [{"purposes": ["output"]}]}}),
+        "/policy/allowedClaims/0",
+    ),
+    (
+        "unknown claim purpose",
+        Values().set({"policy": {"allowedClaims": [{"claims": ["c"], "purposes": ["scratch"]}]}}),
+        "/policy/allowedClaims/0/purposes/0",
+    ),
+    (
+        "toleration keys as a string",
+        Values().set({"policy": {"allowedTolerationKeys": "*"}}),
+        "/policy/allowedTolerationKeys",
+    ),
+    (
         "pull secret shape",
         Values().set({"operator": {"imagePullSecrets": ["regcred"]}}),
         "/operator/imagePullSecrets",

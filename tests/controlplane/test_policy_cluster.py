@@ -84,3 +84,66 @@ def test_allowlists_fail_a_job_before_any_child_and_pass_an_allowed_one(
             assert {e["involvedObject"]["name"] for e in events} == {j["metadata"]["name"] for j in bad.values()}
     finally:
         kubelet.stop()
+
+
+# Issue 23: the lists a namespace-independent operator config can hold today (globs that match every namespace;
+# rules for some namespaces only need the job's namespace in the reconcile pass, see policy.violations).
+POLICY_23 = {
+    "allowedClaims": [
+        {"claims": ["results"], "purposes": ["output"]},
+        {"claims": ["finetune-cache"], "purposes": ["compileCache"]},
+    ],
+    "allowedTolerationKeys": ["nvidia.com/*"],
+    "allowedNodeLabels": ["finetune.dev/test-no-kubelet=true", "pool=team-a-*"],
+    "allowedSchedulerNames": ["default-scheduler"],
+    "queueRequiredNamespaces": ["*"],
+}
+
+
+def test_claims_scheduling_fields_and_required_queues_fail_a_job_before_any_child(
+    kubectl: Any, kube_api: Any, namespace: str, kubeconfig: Path, wait_for: Any, tmp_path: Path
+) -> None:
+    install_crd(kubectl, wait_for)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"policy": POLICY_23}))
+
+    def job(name: str, queue: bool = True, **spec: Any) -> dict[str, Any]:
+        j = two_rank_job(name, **({"queueName": "lq"} if queue else {}))
+        for key, value in spec.items():
+            section, _, field = key.partition("__")
+            if field:
+                j["spec"].setdefault(section, {})[field] = value
+            else:
+                j["spec"][section] = value
+        return j
+
+    bad = {
+        # The output claim every job writes to, mounted as a cache: the cross-tenant read of issue 23.
+        "cache-is-output": (
+            job("cache-is-output", compileCache={"claimName": "results"}),
+            "spec.compileCache.claimName",
+        ),
+        "tolerate-all": (
+            job("tolerate-all", hardware__tolerations=[{"operator": "Exists"}]),
+            "spec.hardware.tolerations[0]",
+        ),
+        "control-plane": (
+            job("control-plane", hardware__nodeSelector={"node-role.kubernetes.io/control-plane": ""}),
+            "spec.hardware.nodeSelector[node-role.kubernetes.io/control-plane]",
+        ),
+        "scheduler": (job("scheduler", hardware__schedulerName="my-scheduler"), "spec.hardware.schedulerName"),
+        "no-queue": (job("no-queue", queue=False), "spec.runPolicy.queueName"),
+    }
+    with running_operator(kubeconfig, wait_for, tmp_path / "operator.log", ["--config", str(config)]):
+        for j, _ in bad.values():
+            kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(j))
+        for name, (_, field) in bad.items():
+            wait_for(
+                lambda n=name: _status(kube_api, namespace, n).get("phase") == "Failed",
+                timeout=60,
+                message=f"{name} Failed",
+            )
+            st = _status(kube_api, namespace, name)
+            assert st["reason"] == "PolicyViolation", st
+            assert st["message"].startswith(field + " "), st
+            assert _children(kubectl, namespace, name) == [], f"{name} got children despite the policy"

@@ -1,25 +1,37 @@
 """The same generated jobs as tests/unit/test_spec_properties.py, through the real API server (the CRD's schema and
-CEL rules): valid ones are accepted, invalid ones refused naming their field. And what still gets past admission
-(a malformed affinity, passed through unchecked) ends the job Failed/InvalidSpec once, with the server's message.
+CEL rules, and the ValidatingAdmissionPolicy beside it): valid ones are accepted, invalid ones refused naming
+their field, and on jobs with boundary values anywhere `ftjob render` says what the server says. And what still
+gets past admission (a malformed affinity, passed through unchecked) ends the job Failed/InvalidSpec once, with
+the server's message. spec.runPolicy.queueName is frozen once Kueue admitted the job (a real Kueue and operator).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from ftjobs import make_job
 from hypothesis import HealthCheck, given, settings
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from operator_support import API, NO_KUBELET, install_crd, running_operator
-from specgen import Mistake, invalid_jobs, valid_jobs
+from operator_support import API, NO_KUBELET, install_crd, running_operator, status
+from specgen import Mistake, boundary_jobs, invalid_jobs, valid_jobs
 
 from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys, desired
+from finetune_operator.cli import main
+from ftjob_cluster.kueue import KueueProcess
+from ftjob_cluster.testing import Cluster
 
 KEYS = SshKeys("k", "k.pub", "h", "h.pub")
 # Each example is one server round trip: a bounded sample keeps the tier fast.
@@ -31,22 +43,59 @@ SAMPLE = settings(
 )
 
 
+# The boundary-value agreement: a few hundred jobs against the one API server of the session.
+BOUNDARY = settings(SAMPLE, max_examples=300)
+KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def _policy_enforced(kube_api: client.ApiClient, ns: str) -> bool:
+    job = make_job("probe").classification().build()
+    job["metadata"]["labels"] = {KUEUE_LABEL: "q"}
+    return _create(kube_api, ns, job) is not None
+
+
 @pytest.fixture(scope="module")
 def crd(kubectl: Any, wait_for: Any) -> None:
     install_crd(kubectl, wait_for)
+    policy = subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", "admission-policy"], capture_output=True, text=True, check=True
+    ).stdout
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=policy)
+
+
+@pytest.fixture
+def enforced(crd: None, kube_api: client.ApiClient, namespace: str, wait_for: Any) -> None:
+    """The API server loads a new admission policy a moment after it is created: wait until it refuses."""
+    wait_for(lambda: _policy_enforced(kube_api, namespace), timeout=60, message="the admission policy enforced")
 
 
 def _create(kube_api: client.ApiClient, ns: str, job: dict[str, Any], dry_run: bool = True) -> str | None:
-    """None when the server accepts the job, else its error message."""
+    """None when the server accepts the job, else its error message. The body is the job's JSON as Python writes
+    it, NaN and Infinity included (tokens JSON has not: the server refuses them, as kubectl would)."""
+    query = "?fieldValidation=Strict" + ("&dryRun=All" if dry_run else "")
+    url = f"{kube_api.configuration.host}/apis/{API[0]}/{API[1]}/namespaces/{ns}/finetunejobs{query}"
+    r = kube_api.rest_client.pool_manager.request(
+        "POST", url, body=json.dumps(job).encode(), headers={"Content-Type": "application/json"}
+    )
+    if r.status in (200, 201):
+        return None
+    if r.status not in (400, 422):
+        raise AssertionError(f"unexpected {r.status} from the API server: {r.data[:500]!r}")
     try:
-        client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
-            *API, ns, "finetunejobs", job, dry_run="All" if dry_run else None, field_validation="Strict"
-        )
-    except ApiException as e:
-        if e.status not in (400, 422):
-            raise
-        return str(json.loads(e.body or "{}").get("message") or e.body)
-    return None
+        return str(json.loads(r.data).get("message") or r.data)
+    except ValueError:
+        return r.data.decode(errors="replace")
+
+
+def _render(job: dict[str, Any], ns: str) -> str | None:
+    """None when `ftjob render -n ns` renders the job, else its errors (in-process, as the unit tier runs it)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(yaml.safe_dump(job))
+        f.flush()
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(["render", "-f", f.name, "-n", ns])
+    return None if rc == 0 else err.getvalue()
 
 
 def test_sampled_valid_jobs_are_accepted_and_so_are_their_pods(
@@ -75,7 +124,7 @@ def test_sampled_valid_jobs_are_accepted_and_so_are_their_pods(
 
 
 def test_sampled_invalid_jobs_are_refused_naming_the_field(
-    crd: None, kube_api: client.ApiClient, namespace: str
+    enforced: None, kube_api: client.ApiClient, namespace: str
 ) -> None:
     @SAMPLE
     @given(invalid_jobs())
@@ -129,3 +178,202 @@ def test_a_pod_the_server_refuses_ends_the_job_failed_invalid_spec(
         assert failed() is not None
         pods = client.CoreV1Api(kube_api).list_namespaced_pod(namespace).items
         assert [p.metadata.name for p in pods if not p.metadata.deletion_timestamp] == []
+
+
+def test_render_and_the_api_server_agree_on_boundary_values(
+    enforced: None, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """Issue 23: numbers at and beyond int64, the maxima and their types (2.0 for an integer), NaN and infinities,
+    strings of every character class at and beyond their lengths (trailing newlines: RE2's `$`), wrong types,
+    nulls, and metadata (name, namespace, labels, annotations, finalizers, unknown fields). render and the API
+    server must give the same verdict on every one."""
+    verdicts = {"both accept": 0, "both refuse": 0}
+
+    @BOUNDARY
+    @given(boundary_jobs())
+    def check(job: dict[str, Any]) -> None:
+        server, render = _create(kube_api, namespace, job), _render(job, namespace)
+        assert (server is None) == (render is None), (
+            f"render and the API server disagree:\nserver: {server or 'accepted'}\nrender: {render or 'accepted'}"
+            f"\n{json.dumps(job)}"
+        )
+        verdicts["both accept" if server is None else "both refuse"] += 1
+
+    check()
+    # Both verdicts are exercised, or the agreement says little.
+    print(f"boundary verdicts: {verdicts}")
+    assert min(verdicts.values()) >= 30, verdicts
+
+
+def test_kueue_queue_label_is_refused_on_create_and_update_naming_the_field(
+    enforced: None, kube_api: client.ApiClient, namespace: str
+) -> None:
+    job = make_job("labelled").classification().set("spec.hardware.nodeSelector", NO_KUBELET).build()
+    job["metadata"]["labels"] = {KUEUE_LABEL: "team-a"}
+    refused = _create(kube_api, namespace, job)
+    assert refused is not None and "spec.runPolicy.queueName" in refused and KUEUE_LABEL in refused
+    del job["metadata"]["labels"]
+    assert _create(kube_api, namespace, job, dry_run=False) is None
+    custom = client.CustomObjectsApi(kube_api)
+    with pytest.raises(ApiException) as exc:
+        custom.patch_namespaced_custom_object(
+            *API, namespace, "finetunejobs", "labelled", {"metadata": {"labels": {KUEUE_LABEL: "team-a"}}}
+        )
+    assert exc.value.status == 422 and "spec.runPolicy.queueName" in (exc.value.body or "")
+    # Other labels stay free.
+    custom.patch_namespaced_custom_object(
+        *API, namespace, "finetunejobs", "labelled", {"metadata": {"labels": {"team": "a"}}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "path", "value"),
+    [
+        ("spec.runPolicy.activeDeadlineSeconds", "spec.runPolicy.activeDeadlineSeconds", 2**31),
+        ("spec.runPolicy.ttlSecondsAfterFinished", "spec.runPolicy.ttlSecondsAfterFinished", 2**63 - 1),
+        ("spec.training.seed", "spec.training.seed", 2**32),
+        ("spec.hardware.nodes", "spec.hardware.nodes", 2.0),
+        ("spec.output.url", "spec.output", {"url": "s3:///x"}),
+        ("spec.task.labels", "spec.task.labels", []),
+        ("spec.env", "spec.env", [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+        ("spec.envFrom", "spec.envFrom", [{"configMapRef": {"name": "c"}, "prefix": "FTJOB_"}]),
+        ("spec.hardware.resources.limits", "spec.hardware.resources", {"limits": {"nvidia.com/gpu": 8}}),
+    ],
+)
+def test_what_wedged_a_job_or_escaped_its_accounting_is_refused_by_the_api_server(
+    crd: None, kube_api: client.ApiClient, namespace: str, field: str, path: str, value: Any
+) -> None:
+    """Issue 23's evidence, at the tier users meet: each passed admission and then broke every reconcile pass or
+    every rank, or reached devices outside the job's request."""
+    b = make_job("wedge").profile("nvidia").classification().set(path, value)
+    del b.obj["spec"]["task"]["dataset"]["labelMap"]  # the labels alone name the classes
+    refused = _create(kube_api, namespace, b.build())
+    assert refused is not None and field in refused, refused
+    assert _render(b.build(), namespace) is not None
+
+
+def test_question_answering_with_the_default_stride_is_refused(
+    crd: None, kube_api: client.ApiClient, namespace: str
+) -> None:
+    refused = _create(kube_api, namespace, make_job("qa").qa().build())
+    assert refused is not None and "spec.task.docStride" in refused
+    assert _create(kube_api, namespace, make_job("qa").qa().set("spec.task.maxLength", 384).build()) is None
+
+
+# --- spec.runPolicy.queueName is frozen once admitted: real Kueue, real operator ----------------------------------
+
+KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
+ONE_JOB = {"cpu": "6", "memory": "12Gi"}  # quota for one 2-rank cpu job (2 CPUs / 4Gi per pod), not two
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KueueProcess]:
+    if not cluster.local:
+        pytest.skip("Kueue runs as a host process whose webhooks only a local API server can reach")
+    proc = KueueProcess(cluster.kubeconfig, tmp_path_factory.mktemp("kueue"))
+    try:
+        yield proc.start()
+    finally:
+        proc.stop()
+
+
+def _queues(kubectl: Any, ns: str, wait_for: Any) -> str:
+    """A ClusterQueue with ONE_JOB for `ns` only, and two LocalQueues on it: lq and lq2."""
+    cq = f"cq-{ns}"[:63]
+    objs: list[dict[str, Any]] = [
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default"}},
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "resourceGroups": [
+                    {
+                        "coveredResources": sorted(ONE_JOB),
+                        "flavors": [
+                            {
+                                "name": "default",
+                                "resources": [{"name": k, "nominalQuota": v} for k, v in sorted(ONE_JOB.items())],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+    ]
+    objs += [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": q, "namespace": ns},
+            "spec": {"clusterQueue": cq},
+        }
+        for q in ("lq", "lq2")
+    ]
+    kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(o) for o in objs))
+    active = "jsonpath={.status.conditions[?(@.type=='Active')].status}"
+    wait_for(lambda: kubectl("get", "clusterqueue", cq, "-o", active).stdout == "True", timeout=120, message="cq")
+    return cq
+
+
+def _set_queue(kube_api: client.ApiClient, ns: str, name: str, queue: str | None) -> str | None:
+    """Merge-patch spec.runPolicy.queueName (None removes it); None when the server takes it, else its message."""
+    try:
+        client.CustomObjectsApi(kube_api).patch_namespaced_custom_object(
+            *API, ns, "finetunejobs", name, {"spec": {"runPolicy": {"queueName": queue}}}
+        )
+    except ApiException as e:
+        if e.status != 422:
+            raise
+        return str(json.loads(e.body or "{}").get("message"))
+    return None
+
+
+def test_queue_name_changes_only_while_the_job_is_not_admitted(
+    crd: None,
+    kueue: KueueProcess,
+    kubectl: Any,
+    kube_api: client.ApiClient,
+    kubeconfig: Path,
+    namespace: str,
+    wait_for: Any,
+    tmp_path: Path,
+) -> None:
+    """Issue 23: removing the queue from a Queued job used to create its pods at once, outside the quota. The CRD
+    transition rule reads the status the operator writes (reconcile.py's queued and admitted phases)."""
+    ns = namespace
+    cq = _queues(kubectl, ns, wait_for)
+
+    def job(name: str, queue: str | None) -> dict[str, Any]:
+        b = make_job(name).nodes(2).classification().set("spec.hardware.nodeSelector", NO_KUBELET)
+        if queue:
+            b.run_policy(queueName=queue)
+        return b.build()
+
+    try:
+        # Not handled yet (no status): the queue may change.
+        assert _create(kube_api, ns, job("first", "lq"), dry_run=False) is None
+        assert _create(kube_api, ns, job("unqueued", None), dry_run=False) is None
+        assert _set_queue(kube_api, ns, "first", "lq2") is None
+        with running_operator(kubeconfig, wait_for, tmp_path / "operator.log", ["--namespace", ns]):
+            wait_for(lambda: status(kube_api, ns, "first").get("startTime"), timeout=120, message="first admitted")
+            assert _create(kube_api, ns, job("second", "lq"), dry_run=False) is None
+            wait_for(
+                lambda: status(kube_api, ns, "second").get("phase") == "Queued",
+                timeout=120,
+                message="second Queued (no quota left)",
+            )
+            # Waiting in its queue: it may move to another queue.
+            assert _set_queue(kube_api, ns, "second", "lq2") is None
+            # Admitted and started: neither changed nor removed.
+            for change in ("lq", None):
+                refused = _set_queue(kube_api, ns, "first", change)
+                assert refused is not None and "spec.runPolicy.queueName may change only" in refused, refused
+            # Started without a queue: adding one is refused too.
+            wait_for(lambda: status(kube_api, ns, "unqueued").get("startTime"), timeout=120, message="pods")
+            refused = _set_queue(kube_api, ns, "unqueued", "lq")
+            assert refused is not None and "spec.runPolicy.queueName" in refused, refused
+            assert status(kube_api, ns, "second").get("phase") == "Queued"
+    finally:
+        kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")

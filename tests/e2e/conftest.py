@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from cluster_support import Kubectl, make_kubectl
 
+from finetune_operator.api.schema import CACHE_FOLDER
 from ftjob_cluster import bins, node
 from ftjob_cluster.localcluster import LocalCluster, wait_for
 
@@ -152,13 +153,14 @@ def job_namespace(node_cluster: NodeCluster, kubectl: Kubectl, operator: str) ->
     name = f"e2e-{uuid.uuid4().hex[:6]}"
     _namespace(kubectl, name)
     host = node_cluster.volumes / name
-    shutil.copytree(REPO / "examples" / "models", host / "examples" / "models")
-    shutil.copytree(REPO / "examples" / "data", host / "examples" / "data")
+    # The compile-cache mount is the claim's CACHE_FOLDER, so the jobs find the staged examples at /cache/examples.
+    shutil.copytree(REPO / "examples" / "models", host / CACHE_FOLDER / "examples" / "models")
+    shutil.copytree(REPO / "examples" / "data", host / CACHE_FOLDER / "examples" / "data")
     os.chmod(host, 0o777)  # the pods run as uid 1000 (the images' ftjob user)
     for p in host.rglob("*"):
         os.chmod(p, 0o777 if p.is_dir() else 0o666)
     # Two claims on the same host directory: `results` for the outputs (each job mounts only its own
-    # <path>/<namespace>/<job>), `inputs` mounted whole at /cache (compileCache.claimName) for the staged examples.
+    # <path>/<namespace>/<job>), `inputs` as compileCache.claimName, whose CACHE_FOLDER is mounted at /cache.
     for claim in ("results", "inputs"):
         kubectl("apply", "-f", "-", input=json.dumps(hostpath_claim(name, claim, host)))
     try:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from cluster_support import Kubectl
 
+from finetune_operator.api.schema import CACHE_FOLDER
 from finetune_operator.progress import parse_line
 from ftjob_cluster.localcluster import wait_for
 
@@ -143,9 +144,10 @@ def test_bare_torchrun_command_forms_one_world_across_two_pods(
     """`command: [torchrun, script]` with no flags, as in a PyTorchJob: without the PET_* variables each pod
     would train a world of its own (rank 0 of 1); with them both pods join one world through rank 0's DNS name."""
     ns, host = job_namespace
-    (host / "scripts").mkdir(mode=0o777)
-    (host / "scripts" / "all_reduce.py").write_text(ALL_REDUCE)
-    (host / "scripts" / "all_reduce.py").chmod(0o644)
+    scripts = host / CACHE_FOLDER / "scripts"  # /cache/scripts in the pods (the compile-cache claim's folder)
+    scripts.mkdir(mode=0o777)
+    (scripts / "all_reduce.py").write_text(ALL_REDUCE)
+    (scripts / "all_reduce.py").chmod(0o644)
     kubectl("-n", ns, "apply", "-f", str(JOBS / "bare-torchrun.yaml"))
     job = _run_to_end(kubectl, ns, "bare-torchrun")
     assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"

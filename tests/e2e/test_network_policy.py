@@ -23,6 +23,7 @@ import pytest
 import yaml
 from cluster_support import Kubectl
 
+from finetune_operator.api.schema import CACHE_FOLDER
 from ftjob_cluster import bins, netpolicy, node
 from ftjob_cluster.localcluster import wait_for
 
@@ -224,9 +225,10 @@ def test_outsider_cannot_reach_rank0_rendezvous_port_while_the_ranks_can(request
     release_ns: str = request.getfixturevalue("operator")
     ns, host = request.getfixturevalue("job_namespace")
     assert node.NetworkPolicyAgent.name in {c.name for c in cluster.cluster.components}
-    (host / "scripts").mkdir(mode=0o777)
-    (host / "scripts" / "gated.py").write_text(GATED)
-    (host / "scripts" / "gated.py").chmod(0o644)
+    scripts = host / CACHE_FOLDER / "scripts"  # /cache/scripts in the pods (the compile-cache claim's folder)
+    scripts.mkdir(mode=0o777)
+    (scripts / "gated.py").write_text(GATED)
+    (scripts / "gated.py").chmod(0o644)
     outsider = _outsider(kubectl, ns, request.getfixturevalue("runtime_image"))
 
     # Control: the session's release makes no policies, so the outsider reaches rank 0's port.

@@ -10,6 +10,7 @@ construction (from the profile data), so a rejection of one is a finding, not no
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -141,13 +142,19 @@ def valid_jobs(draw: st.DrawFn) -> Job:
                 "type": "text-classification",
                 "model": "tiny-bert",
                 "dataset": {"path": "data/reviews.jsonl", "textColumn": "text", "labelColumn": "label"},
+                "labels": ["negative", "positive"],
             }
             if draw(st.booleans()):
                 spec["task"]["inferenceSamples"] = draw(
                     st.lists(st.text("abc ", min_size=1, max_size=10), min_size=1, max_size=3)
                 )
         else:
-            spec["task"] = {"type": "question-answering", "model": "tiny-distilbert", "dataset": {"name": "squad"}}
+            spec["task"] = {
+                "type": "question-answering",
+                "model": "tiny-distilbert",
+                "dataset": {"name": "squad"},
+                "maxLength": 384,
+            }
             if draw(st.booleans()):
                 spec["task"]["inferenceQuestions"] = [{"question": "Who?", "context": "Ann did."}]
         if draw(st.booleans()):
@@ -232,6 +239,16 @@ def _reserved(job: Job, pick: str | int) -> None:
 
 def _requests_above_limits(job: Job, n: int) -> None:
     _hw(job)["resources"] = {"requests": {"cpu": str(n + 1)}, "limits": {"cpu": str(n)}}
+
+
+def _qa_stride(job: Job, stride: int) -> None:
+    job["spec"]["task"] = {
+        "type": "question-answering",
+        "model": "m",
+        "dataset": {"name": "squad"},
+        "docStride": stride,
+        "maxLength": 128,
+    }
 
 
 def _qa_samples(job: Job, text: str) -> None:
@@ -389,6 +406,54 @@ MISTAKES: list[Mistake] = [
     Mistake("qa-with-sentences", "spec.task.inferenceSamples", _qa_samples, ("What is it?",)),
     Mistake("zero-nodes", "spec.hardware.nodes", _put("spec.hardware.nodes"), (0, -1)),
     Mistake("bad-profile", "spec.hardware.profile", _put("spec.hardware.profile"), ("trn3",)),
+    # Issue 23: numbers past what the code downstream handles, in every type a decoder may give them.
+    Mistake("seed-past-numpy", "spec.training.seed", _put("spec.training.seed"), (2**32, 2**63, 2**64)),
+    Mistake(
+        "deadline-past-maximum",
+        "spec.runPolicy.activeDeadlineSeconds",
+        _put("spec.runPolicy.activeDeadlineSeconds"),
+        (2**31, 2**63 - 1, 10**30),
+    ),
+    Mistake(
+        "ttl-past-maximum",
+        "spec.runPolicy.ttlSecondsAfterFinished",
+        _put("spec.runPolicy.ttlSecondsAfterFinished"),
+        (2**31, -1),
+    ),
+    Mistake(
+        "toleration-seconds-out-of-range",
+        "spec.hardware.tolerations",
+        _append("spec.hardware.tolerations"),
+        (
+            {"key": "k", "effect": "NoExecute", "tolerationSeconds": -1},
+            {"key": "k", "effect": "NoExecute", "tolerationSeconds": 2**31},
+        ),
+    ),
+    Mistake("whole-float-for-integer", "spec.hardware.nodes", _put("spec.hardware.nodes"), (1.0, 2.0)),
+    Mistake("integer-past-int64", "spec.hardware.nodes", _put("spec.hardware.nodes"), (2**63, -(2**63) - 1)),
+    # What the runtime refused only after loading the data.
+    Mistake(
+        "output-url-without-bucket", "spec.output.url", _put("spec.output"), ({"url": "s3:///x"}, {"url": "s3://"})
+    ),
+    Mistake("qa-stride-fills-the-window", "spec.task.docStride", _qa_stride, (64, 128, 4096)),
+    # Device accounting and the runtime contract.
+    Mistake(
+        "env-device-visibility",
+        "spec.env",
+        _append("spec.env"),
+        ({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "NEURON_RT_VISIBLE_CORES", "value": "0-31"}),
+    ),
+    Mistake(
+        "env-from-reserved-prefix",
+        "spec.envFrom",
+        _append("spec.envFrom"),
+        ({"configMapRef": {"name": "c"}, "prefix": "FTJOB_"}, {"secretRef": {"name": "s"}, "prefix": "NVIDIA_"}),
+    ),
+    # metadata, which the CRD's schema cannot constrain.
+    Mistake("kueue-queue-label", "metadata.labels", _put("metadata.labels"), ({"kueue.x-k8s.io/queue-name": "q"},)),
+    Mistake("bad-label-value", "metadata.labels", _put("metadata.labels"), ({"app": "bad value"}, {"app": "x\n"})),
+    Mistake("name-trailing-newline", "metadata.name", _put("metadata.name"), ("job\n",)),
+    Mistake("image-trailing-newline", "spec.image", _put("spec.image"), ("registry.test/x:1\n",)),
 ]
 
 
@@ -403,3 +468,158 @@ def invalid_jobs(draw: st.DrawFn) -> tuple[Job, Mistake]:
 def names_field(field: str, fields: list[str]) -> bool:
     """Whether an error list names `field` (itself, or a part of it such as spec.env[0].value)."""
     return any(f == field or f.startswith((field + ".", field + "[")) for f in fields)
+
+
+# --- boundary values: every type the schema has, at and beyond its limits ------------------------------------
+#
+# No expected verdict here: a job changed at one to three places of the schema, each to a boundary value of the
+# node's type (or a value of another type), is either accepted or refused, and `ftjob render` must say what the
+# real API server says (tests/controlplane/test_validation_cluster.py). The unit tier checks that render never
+# crashes on them (tests/unit/test_spec_properties.py).
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Where float64 stops holding every integer (JSON numbers pass through float64 in many decoders).
+FLOAT_EXACT = 2**53
+# Strings of every character class: controls (NUL, TAB, LF, DEL, C1's NEL), the spaces only Unicode calls space,
+# letters outside ASCII, a character outside the Basic Multilingual Plane, and the RE2/Python differences
+# (a trailing newline, which Python's `$` matches before).
+ODD_CHARS = ("\x00", "\t", "\n", "\r", "\x7f", "\x85", "\xa0", "\u2028", "\u3000", "é", "中", "\U0001f600", "$", "'")
+TYPE_SWAPS: tuple[Any, ...] = (None, True, 0, 1.5, "1", "", [], {}, [None], {"x": 1})
+
+
+def schema_nodes(
+    schema: dict[str, Any], path: tuple[str | int, ...] = ()
+) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Every node of `schema` with the path that reaches it in a document: property names, 0 for an array's
+    first item, "k" for a map's entry."""
+    out = [(path, schema)] if path else []
+    for key, sub in (schema.get("properties") or {}).items():
+        out += schema_nodes(sub, (*path, key))
+    if isinstance(schema.get("items"), dict):
+        out += schema_nodes(schema["items"], (*path, 0))
+    if isinstance(schema.get("additionalProperties"), dict):
+        out += schema_nodes(schema["additionalProperties"], (*path, "k"))
+    return out
+
+
+def _numbers(node: dict[str, Any]) -> list[Any]:
+    lo, hi = node.get("minimum"), node.get("maximum")
+    vals: list[Any] = [0, -1, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, FLOAT_EXACT - 1, FLOAT_EXACT + 1]
+    vals += [INT64_MAX, INT64_MAX + 1, INT64_MIN, INT64_MIN - 1, 2**64, 10**30]
+    vals += [float("nan"), float("inf"), float("-inf"), -0.0, 1e-320, 1.7976931348623157e308, 0.5, 2.0]
+    for bound in (lo, hi):
+        if bound is not None:
+            vals += [bound, bound - 1, bound + 1, float(bound), bound - 0.5, bound + 0.5]
+    if node.get("type") == "integer":
+        vals += [1.0, 2.0, 4294967295.0]
+    return vals
+
+
+def _strings(node: dict[str, Any], current: Any) -> list[Any]:
+    lo, hi = node.get("minLength", 0), node.get("maxLength")
+    vals: list[Any] = ["", "a", "A", "-a", "a-", "a.b", "a/b", "a b", "1", "true", " a", "a "]
+    vals += [c for c in ODD_CHARS] + ["a" + c for c in ODD_CHARS] + ["a" + c + "b" for c in ODD_CHARS]
+    if isinstance(current, str) and current:
+        vals += [current + "\n", current + " ", "\n" + current, current + "\x00", current.upper()]
+    for n in {lo, max(lo - 1, 0), *((hi, hi + 1) if hi is not None else (256, 70000))}:
+        vals += ["a" * n, "é" * n, "\U0001f600" * n]
+    vals += [str(v) + "\n" for v in node.get("enum") or []] + [str(v).upper() for v in node.get("enum") or []]
+    return vals
+
+
+def boundary_values(node: dict[str, Any], current: Any) -> list[Any]:
+    """Values at and beyond the limits of `node`'s type, and values of other types."""
+    t = node.get("type")
+    vals: list[Any] = list(TYPE_SWAPS)
+    if node.get("x-kubernetes-int-or-string"):
+        # Quantities: int64's edges, Kubernetes' 1E ceiling, suffixes, and RE2's end of text.
+        vals += [INT64_MAX, INT64_MAX + 1, 2**64, 2.0, 0.5, float("nan"), "1e18", "1E", "999999999999999999999"]
+        vals += ["1\n", "2Gi\n", "-1", "0.5m", "1Ki", "1ki", "+1", ".5", "1e-3", "a" * 65, "1" * 64]
+    elif t in ("integer", "number"):
+        vals += _numbers(node)
+    elif t == "string":
+        vals += _strings(node, current)
+    elif t == "boolean":
+        vals += [False, "false", 0]
+    elif t == "array":
+        item = copy.deepcopy(current[0]) if isinstance(current, list) and current else "a"
+        vals += [[item] * (node.get("maxItems", 64) + 1), [item, None], [item, item]]
+    elif t == "object":
+        vals += [{"unknownField": 1}, {"k": None}, {"": "v"}]
+    return vals
+
+
+def _mutate(job: Job, path: tuple[Any, ...], value: Any) -> None:
+    """Set `path` in job to value, making the missing parents (objects, or one-item lists)."""
+    node: Any = job
+    for part, nxt in itertools.pairwise(path):
+        if isinstance(node, dict):
+            if not isinstance(node.get(part), (dict, list)):
+                node[part] = [] if nxt == 0 else {}
+            node = node[part]
+        else:  # a list, part == 0
+            if not node or not isinstance(node[0], (dict, list)):
+                node[:] = [[] if nxt == 0 else {}]
+            node = node[0]
+    last = path[-1]
+    if isinstance(node, dict):
+        node[last] = value
+    elif node:
+        node[0] = value
+    else:
+        node.append(value)
+
+
+def _get(job: Job, path: tuple[Any, ...]) -> Any:
+    node: Any = job
+    for part in path:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and node and part == 0:
+            node = node[0]
+        else:
+            return None
+    return node
+
+
+# metadata: ObjectMeta's fields the API server types and checks, and the kueue label (refused by the policy).
+META_VALUES: dict[str, tuple[Any, ...]] = {
+    "name": ("a" * 50, "a" * 51, "Job", "job\n", "job-", "1job", "j.b", 5, True, None, ["j"], "é"),
+    "namespace": ("other", "Bad_NS", 5, None, ""),
+    "labels": (
+        {"app": "x"},
+        {"app": 1},
+        {"app": None},
+        {"bad key": "v"},
+        {"app": "bad value"},
+        {"app": "v" * 64},
+        {"a/" * 2 + "b": "v"},
+        {"kueue.x-k8s.io/queue-name": "q"},
+        {"app": "x\n"},
+        "x",
+        [],
+    ),
+    "annotations": ({"note": "anything at all\n"}, {"note": 1}, {"Upper/Key": "v"}, {"bad key": "v"}, {"n": None}),
+    "finalizers": (["example.com/done"], ["bad finalizer"], "x"),
+    "creationTimestamp": ("2026-01-02T03:04:05Z", "yesterday", None, 5),
+    "generation": (1, 1.0, 1.5, "1", 2**63),
+    "unknownField": ("x",),
+}
+
+
+@st.composite
+def boundary_jobs(draw: st.DrawFn) -> Job:
+    """A valid job changed at one to three places to boundary values, or to values of another type."""
+    from finetune_operator.api.schema import SPEC
+
+    job = copy.deepcopy(draw(valid_jobs()))
+    nodes = schema_nodes(SPEC, ("spec",))
+    for _ in range(draw(st.integers(1, 3))):
+        if draw(st.integers(0, 5)) == 0:
+            key = draw(st.sampled_from(sorted(META_VALUES)))
+            job["metadata"][key] = copy.deepcopy(draw(st.sampled_from(META_VALUES[key])))
+            continue
+        path, node = draw(st.sampled_from(nodes))
+        value = draw(st.sampled_from(boundary_values(node, _get(job, path))))
+        _mutate(job, path, copy.deepcopy(value))
+    return job

@@ -376,11 +376,27 @@ def test_each_job_mounts_only_its_own_directory_of_a_shared_output_claim() -> No
     assert output_mount("a", "team-1", None)[1]["subPath"] == "team-1/a"
 
 
-def test_the_compile_cache_claim_is_shared_whole_on_purpose() -> None:
-    job = make_job("a", "ns").classification().cache(claimName="finetune-cache").build()
-    ctr = render(job).pods[0]["spec"]["containers"][0]
-    mount = next(m for m in ctr["volumeMounts"] if m["name"] == "cache")
-    assert mount == {"name": "cache", "mountPath": "/cache"}  # jobs reuse each other's compiled graphs
+def test_the_compile_cache_claim_is_shared_at_its_cache_folder_never_whole() -> None:
+    """Jobs reuse each other's compiled graphs, but a cache claim that is also some job's output claim must not
+    expose that job's checkpoints and models (issue 23): the cache mount is the claim's .finetune-cache folder,
+    the outputs are <path>/<namespace>/<job> folders beside it."""
+    shared = "finetune-cache"
+    for name in ("a", "b"):
+        job = make_job(name, "ns").classification().cache(claimName=shared).set("spec.output", {"claimName": shared})
+        pod0 = render(job.build()).pods[0]
+        mounts = {m["name"]: m for m in pod0["spec"]["containers"][0]["volumeMounts"]}
+        assert mounts["cache"] == {"name": "cache", "mountPath": "/cache", "subPath": ".finetune-cache"}
+        assert mounts["output"]["subPath"] == f"ns/{name}"
+        claims = {
+            v["name"]: v["persistentVolumeClaim"]["claimName"]
+            for v in pod0["spec"]["volumes"]
+            if "persistentVolumeClaim" in v
+        }
+        assert claims == {"cache": shared, "output": shared}
+    # Without a claim the cache is the pod's own emptyDir, mounted whole.
+    pod0 = render(make_job("c", "ns").classification().build()).pods[0]
+    mount = next(m for m in pod0["spec"]["containers"][0]["volumeMounts"] if m["name"] == "cache")
+    assert mount == {"name": "cache", "mountPath": "/cache"}
 
 
 def test_workload_has_one_pod_set_per_role_sized_like_the_pods() -> None:
@@ -410,7 +426,15 @@ def test_workload_has_one_pod_set_per_role_sized_like_the_pods() -> None:
     assert [c["name"] for c in ps["template"]["spec"]["initContainers"]] == ["wait-for-peers"]
     assert ps["template"]["spec"]["nodeSelector"] == {"pool": "a"}
 
-    mpi = validate(make_job("m", "ns1").nodes(2).launcher("mpi", "mpich").qa().run_policy(queueName="q").build())
+    mpi = validate(
+        make_job("m", "ns1")
+        .nodes(2)
+        .launcher("mpi", "mpich")
+        .qa()
+        .set("spec.task.docStride", 32)
+        .run_policy(queueName="q")
+        .build()
+    )
     ch = render(mpi)
     sets = {ps["name"]: ps["count"] for ps in workload(mpi, ch.layout, ch.names, ch.pods)["spec"]["podSets"]}
     assert sets == {"worker": 2, "launcher": 1}
@@ -450,6 +474,7 @@ def test_admitted_flavors_place_their_node_labels_and_tolerations_on_each_pod_se
         .nodes(2)
         .launcher("mpi", "mpich")
         .qa()
+        .set("spec.task.docStride", 32)
         .set("spec.hardware.tolerations", [tol])
         .run_policy(queueName="q")
         .build()

@@ -32,7 +32,7 @@ def job(**spec: Any) -> dict[str, Any]:
 
 
 def test_no_policy_allows_everything() -> None:
-    assert violations(job(image="evil.example.com/x:1", serviceAccountName="admin")["spec"], {}) == []
+    assert violations(job(image="evil.example.com/x:1", serviceAccountName="admin")["spec"], {}, "ns") == []
 
 
 @pytest.mark.parametrize(
@@ -50,15 +50,15 @@ def test_no_policy_allows_everything() -> None:
     ],
 )
 def test_each_breach_names_its_field_value_and_allowlist(spec: dict[str, Any], field: str) -> None:
-    (msg,) = violations(job(**spec)["spec"], POLICY)
+    (msg,) = violations(job(**spec)["spec"], POLICY, "ns")
     assert msg.startswith(field + " ") and "policy.allowed" in msg and ": " in msg
 
 
 def test_allowed_job_passes_and_default_service_account_counts_as_default() -> None:
     ok = job(image="registry.example.com/team/cpu:2", hfTokenSecretRef={"name": "hf-token"})
-    assert violations(ok["spec"], POLICY) == []
+    assert violations(ok["spec"], POLICY, "ns") == []
     only_trainer = {"policy": {"allowedServiceAccounts": ["trainer"]}}
-    (msg,) = violations(job()["spec"], only_trainer)
+    (msg,) = violations(job()["spec"], only_trainer, "ns")
     assert "spec.serviceAccountName 'default'" in msg
 
 
@@ -72,8 +72,174 @@ def test_breach_fails_the_job_before_any_child_is_created() -> None:
 
 
 def test_bad_config_is_refused_naming_the_key() -> None:
-    assert check_config({"policy": {"allowedImage": ["x"]}}) == [
-        "policy.allowedImage: unknown key (known: allowedImages, allowedServiceAccounts, allowedSecrets)"
-    ]
+    (msg,) = check_config({"policy": {"allowedImage": ["x"]}})
+    assert msg.startswith("policy.allowedImage: unknown key (known: allowedImages, allowedServiceAccounts")
     assert "policy.allowedImages: expected a list" in check_config({"policy": {"allowedImages": "x/*"}})[0]
     assert check_config(POLICY) == []
+    assert check_config(FULL) == []
+    for bad, where in (
+        ({"allowedClaims": "x"}, "policy.allowedClaims: expected a list"),
+        ({"allowedClaims": [{"claims": []}]}, "policy.allowedClaims[0].claims"),
+        ({"allowedClaims": [{"claims": ["c"], "purposes": ["scratch"]}]}, "policy.allowedClaims[0].purposes"),
+        ({"allowedClaims": [{"claims": ["c"], "namespace": ["a"]}]}, "policy.allowedClaims[0].namespace"),
+        ({"allowedTolerationKeys": [""]}, "policy.allowedTolerationKeys"),
+        ({"queueRequiredNamespaces": "team-*"}, "policy.queueRequiredNamespaces"),
+    ):
+        assert any(m.startswith(where) for m in check_config({"policy": bad})), (bad, check_config({"policy": bad}))
+
+
+# --- issue 23: claims by namespace and purpose, scheduling fields, required queues ------------------------------
+
+FULL = {
+    "policy": {
+        "allowedClaims": [
+            {"namespaces": ["team-a"], "claims": ["team-a-results"], "purposes": ["output"]},
+            {"claims": ["shared-cache"], "purposes": ["compileCache"]},
+        ],
+        "allowedTolerationKeys": ["nvidia.com/gpu", "team-a/*"],
+        "allowedNodeLabels": ["node.kubernetes.io/instance-type=*", "pool=team-a-*", "zone"],
+        "allowedSchedulerNames": ["neuron-scheduler"],
+        "queueRequiredNamespaces": ["team-*"],
+    }
+}
+
+
+def test_the_new_lists_allow_everything_when_empty() -> None:
+    spec = job(
+        compileCache={"claimName": "results"},
+        hardware={"profile": "cpu", "tolerations": [{"operator": "Exists"}], "schedulerName": "any"},
+    )["spec"]
+    assert violations(spec, {}, "ns") == []
+    assert violations(spec, {"policy": {k: [] for k in FULL["policy"]}}, "ns") == []
+
+
+def test_claims_are_allowed_per_namespace_and_purpose() -> None:
+    ok = job(
+        output={"claimName": "team-a-results"}, compileCache={"claimName": "shared-cache"}, runPolicy={"queueName": "q"}
+    )
+    assert violations(ok["spec"], FULL, "team-a") == []
+    # The output claim as a cache: the cross-tenant read of issue 23.
+    (msg,) = violations(
+        job(
+            output={"claimName": "team-a-results"},
+            compileCache={"claimName": "team-a-results"},
+            runPolicy={"queueName": "q"},
+        )["spec"],
+        FULL,
+        "team-a",
+    )
+    assert msg.startswith("spec.compileCache.claimName 'team-a-results' is not allowed for compileCache")
+    assert "e.g. shared-cache" in msg
+    # The same claim name in another namespace is another claim, not listed there.
+    (msg,) = violations(ok["spec"], FULL, "team-b")
+    assert msg.startswith("spec.output.claimName 'team-a-results' is not allowed for output in namespace 'team-b'")
+
+
+def test_scheduling_fields_are_checked_against_their_lists() -> None:
+    spec = job(
+        output={"claimName": "team-a-results"},
+        runPolicy={"queueName": "q"},
+        hardware={
+            "profile": "cpu",
+            "nodes": 2,
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists"},
+                {"operator": "Exists"},
+                {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"},
+            ],
+            "nodeSelector": {"pool": "team-a-big", "node-role.kubernetes.io/control-plane": ""},
+            "schedulerName": "my-scheduler",
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "zone", "operator": "In", "values": ["a"]},
+                                    {"key": "pool", "operator": "Exists"},
+                                    {"key": "pool", "operator": "In", "values": ["reserved"]},
+                                ]
+                            }
+                        ]
+                    },
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 1,
+                            "preference": {
+                                "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]
+                            },
+                        }
+                    ],
+                }
+            },
+        },
+    )["spec"]
+    msgs = violations(spec, FULL, "team-a")
+    fields = [m.split(" ")[0] for m in msgs]
+    assert fields == [
+        "spec.hardware.tolerations[1]",
+        "spec.hardware.tolerations[2]",
+        "spec.hardware.nodeSelector[node-role.kubernetes.io/control-plane]",
+        "spec.hardware.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[1]",
+        "spec.hardware.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[2]",
+        "spec.hardware.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference.matchFields[0]",
+        "spec.hardware.schedulerName",
+    ], msgs
+    assert "an empty key (every taint)" in msgs[0]
+    assert "'any value of pool'" in msgs[3]
+
+
+def test_a_malformed_affinity_never_raises_in_the_policy() -> None:
+    for affinity in (
+        {"nodeAffinity": "x"},
+        {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}},
+        {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [1, {"preference": 2}]}},
+    ):
+        spec = job(hardware={"profile": "cpu", "affinity": affinity}, runPolicy={"queueName": "q"})["spec"]
+        violations(spec, FULL, "team-a")
+
+
+def test_a_namespace_can_require_a_queue() -> None:
+    (msg,) = violations(job(output={"claimName": "team-a-results"})["spec"], FULL, "team-a")
+    assert msg.startswith("spec.runPolicy.queueName is required in namespace 'team-a'")
+    assert (
+        violations(
+            job(output={"claimName": "team-a-results"})["spec"],
+            {"policy": {"queueRequiredNamespaces": ["team-*"]}},
+            "other",
+        )
+        == []
+    )
+    # Without the namespace (the operator's own call today) only a glob matching every namespace applies.
+    assert violations(job()["spec"], {"policy": {"queueRequiredNamespaces": ["*"]}}, "ns")[0].startswith(
+        "spec.runPolicy.queueName"
+    )
+
+
+def test_reconcile_fails_a_job_that_tolerates_every_taint_before_any_child() -> None:
+    policy = {"policy": {"allowedTolerationKeys": ["nvidia.com/*"]}}
+    bad = job(hardware={"profile": "cpu", "nodes": 2, "tolerations": [{"operator": "Exists"}]})
+    plan = reconcile(bad, Observed([], {}, datetime(2026, 12, 3)), policy)
+    assert plan.create == [] and plan.status["reason"] == "PolicyViolation"
+    assert plan.status["message"].startswith("spec.hardware.tolerations[0] with an empty key")
+
+
+def test_render_applies_the_policy_with_the_job_namespace(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(FULL))
+    spec = make_job("j", "team-a").classification().build()
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", "render", "-f", str(path), "--config", str(config)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1 and "breaks the operator's policy" in r.stderr
+    assert "spec.output.claimName 'results' is not allowed for output in namespace 'team-a'" in r.stderr
+    assert "spec.runPolicy.queueName is required in namespace 'team-a'" in r.stderr

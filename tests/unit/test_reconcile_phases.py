@@ -66,6 +66,19 @@ def start(
     return begin(j, Observed(pods or [], objects or {}, now, None, keys))
 
 
+# -- allowlists ----------------------------------------------------------------------------------------------
+def test_allowlists_match_namespace_rules_against_the_jobs_namespace() -> None:
+    """A policy rule given for some namespaces only applies to jobs there: the phase passes the job's namespace."""
+    config = {"policy": {"queueRequiredNamespaces": ["team-*"]}}
+    outside = begin(job(), Observed([], {}, T0, None, lambda: KEYS), config)
+    assert rec.allowlists(outside) is None
+    inside = job()
+    inside["metadata"]["namespace"] = "team-a"
+    plan = rec.allowlists(begin(inside, Observed([], {}, T0, None, lambda: KEYS), config))
+    assert plan is not None and plan.status["reason"] == "PolicyViolation", plan
+    assert "spec.runPolicy.queueName" in plan.status["message"]
+
+
 # -- terminal ------------------------------------------------------------------------------------------------
 def test_terminal_passes_on_for_unfinished_jobs() -> None:
     assert rec.terminal(start(job({"phase": "Running"}), ranks("Running"))) is None

@@ -1,7 +1,8 @@
 """Property-based: generated jobs across every spec field (tests/support/specgen.py) through what `ftjob render`
 runs, admission then the builders. No crash anywhere; every valid job accepted and rendered; every invalid job
-rejected with an error naming its field. tests/controlplane/test_validation_cluster.py runs a sample of the same
-jobs through the real API server."""
+rejected with an error naming its field; jobs with boundary values anywhere either rendered or refused, never a
+traceback. tests/controlplane/test_validation_cluster.py runs the same jobs through the real API server, where
+render's verdict on every boundary job must be the server's."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 from ftjobs import make_job
-from hypothesis import HealthCheck, given, settings
-from specgen import MISTAKES, Mistake, invalid_jobs, names_field, valid_jobs
+from hypothesis import HealthCheck, example, given, settings
+from specgen import MISTAKES, Mistake, boundary_jobs, invalid_jobs, names_field, valid_jobs
 
 from finetune_operator.admission import validate
 from finetune_operator.api.formats import parse_quantity
@@ -73,12 +74,12 @@ def test_invalid_jobs_are_rejected_naming_the_field(case: tuple[dict[str, Any], 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: m.id)
 def test_every_mistake_is_caught_on_a_plain_job(mistake: Mistake) -> None:
     """Each mistake and each of its examples on a plain job, so a failure names it directly."""
-    for example in mistake.examples:
+    for value in mistake.examples:
         job = make_job("plain").classification().build()
-        mistake.apply(job, copy.deepcopy(example))
+        mistake.apply(job, copy.deepcopy(value))
         with pytest.raises(InvalidSpec) as exc:
             validate(job)
-        assert names_field(mistake.field, [e.field for e in exc.value.errors]), (mistake.id, example, exc.value)
+        assert names_field(mistake.field, [e.field for e in exc.value.errors]), (mistake.id, value, exc.value)
 
 
 @pytest.mark.parametrize("value", ["2k", "abc", "1.2.3", "-1", "1e999999", "2E"])
@@ -98,3 +99,18 @@ def test_render_never_prints_a_traceback_for_cpu_quantities(tmp_path, value: str
             "spec.hardware.resources.requests: spec.hardware.resources.requests values must be non-negative "
             "Kubernetes quantities below 1E"
         ) in r.stderr
+
+
+@settings(FAST, max_examples=300)  # most boundary jobs are refused before any pod is built: cheap
+@given(boundary_jobs())
+@example(make_job().classification().set("spec.hardware.resources", {"requests": {"cpu": "1\n"}}).build())
+@example(make_job().classification().set("spec.hardware.affinity", {"x": float("nan")}).build())
+@example(make_job().classification().set("metadata.namespace", 5).build())
+def test_boundary_values_anywhere_are_rendered_or_refused_never_a_crash(job: dict[str, Any]) -> None:
+    """Numbers at and beyond int64 and the schema's maxima, NaN and infinities, strings with control characters,
+    Unicode and trailing newlines at and beyond their lengths, wrong types, metadata included."""
+    rc, out, err = render(job)  # in-process: an exception fails the test with its traceback
+    assert rc in (0, 1), err
+    assert (rc == 0) == (out != "") and (rc == 0) == (err == ""), (rc, err)
+    if rc == 1:
+        assert err.startswith("error: FineTuneJob"), err

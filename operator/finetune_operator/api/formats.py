@@ -1,6 +1,11 @@
-"""Kubernetes value formats, each written once as a regular expression (RE2 and Python agree on these), a Python
-predicate and, where a pattern alone cannot say it, a CEL snippet. schema.py puts the patterns into the CRD,
-podrules.py the CEL snippets; admission runs the predicates, so `ftjob render` and the API server agree.
+"""Kubernetes value formats, each written once as a regular expression, a Python predicate and, where a pattern
+alone cannot say it, a CEL snippet. schema.py puts the patterns into the CRD, podrules.py the CEL snippets;
+admission runs the predicates, so `ftjob render` and the API server agree.
+
+The API server matches an OpenAPI `pattern` and CEL's `matches()` with Go's RE2, as an unanchored search. Python's
+`re` differs on a few points, so every pattern here is checked through `re2_search`, which means what RE2 means:
+`$` is the end of the text (Python's also matches before a trailing newline), and no pattern uses the classes
+whose meaning differs (`\\s`, `\\d`, `\\w`, `\\b`: Unicode in Python, ASCII in RE2); they are spelled out instead.
 
 The formats are Kubernetes' own (k8s.io/apimachinery/pkg/util/validation and resource.Quantity), so a spec that
 passes here also passes the pod's validation when the operator creates the pods.
@@ -8,6 +13,7 @@ passes here also passes the pod's validation when the operator creates the pods.
 
 from __future__ import annotations
 
+import functools
 import re
 from decimal import Decimal, InvalidOperation
 
@@ -33,9 +39,19 @@ ENV_NAME_MAX = 256
 # ConfigMap and Secret keys.
 CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
 CONFIG_KEY_MAX = 253
+# What Go's unicode.IsSpace calls space (strings.TrimSpace, which the pod's image rule uses): written out, since
+# RE2's \s is ASCII only and Python's is wider still.
+# Spelled with RE2's escapes, not the characters themselves: YAML tools differ on raw NEL or LINE SEPARATOR in a
+# string (kustomize drops a NEL), and the CRD copies must mean the same everywhere.
+UNICODE_SPACES = r"\t\n\v\f\r \x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}"
 # Container images: no whitespace anywhere (the pod's rule is no leading or trailing whitespace; inner
 # whitespace never names a pullable image).
-IMAGE = r"^[^\s]+$"
+IMAGE = f"^[^{UNICODE_SPACES}]+$"
+# s3://<bucket>[/<prefix>]: a bucket name as boto3 accepts it (botocore's VALID_BUCKET), which the runtime's
+# upload and checkpoint sync use; `s3:///x` (no bucket) is refused by the runtime only after training started.
+S3_URL = r"^s3://[-A-Za-z0-9._]{1,255}(/|$)"
+# The Neuron compile cache (NEURON_COMPILE_CACHE_URL): such an S3 URL, or an absolute path.
+NEURON_CACHE_URL = r"^(s3://[-A-Za-z0-9._]{1,255}(/|$)|/.)"
 
 # What each pattern means, for `ftjob render`'s messages (the API server quotes the pattern itself).
 PATTERN_HINTS = {
@@ -46,6 +62,10 @@ PATTERN_HINTS = {
     ENV_NAME: "use printable ASCII characters other than '='",
     CONFIG_KEY: "use letters, digits, '-', '_' and '.'",
     IMAGE: "remove the whitespace",
+    S3_URL: "use s3://<bucket>/<prefix> with a bucket name of letters, digits, '.', '-' and '_' "
+    "(e.g. s3://my-bucket/results)",
+    NEURON_CACHE_URL: "use s3://<bucket>/<prefix> (a bucket name of letters, digits, '.', '-' and '_') or an "
+    "absolute path such as /cache/neuron",
 }
 
 # Resource names a container may request without a domain prefix (the rest carry one, e.g. nvidia.com/gpu).
@@ -53,8 +73,54 @@ NATIVE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 HUGEPAGES_PREFIX = "hugepages-"
 
 
+_RE2_ONLY = re.compile(r"\\[sSdDwWbBAzZ]")
+_RE2_HEX = re.compile(r"\\x\{([0-9A-Fa-f]{1,6})\}")
+
+
+@functools.cache
+def _python_pattern(pattern: str) -> re.Pattern[str]:
+    """`pattern` (RE2 syntax) for Python's re, meaning what RE2 means: each unescaped `$` outside a character
+    class becomes `\\Z` (the end of the text; Python's `$` also matches before a trailing newline)."""
+    if _RE2_ONLY.search(pattern):
+        raise ValueError(f"pattern {pattern!r} uses a class whose meaning differs between RE2 and Python")
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            wide = _RE2_HEX.match(pattern, i)
+            if wide:  # RE2's \x{HHHH}: Python spells it \uHHHH or \UHHHHHHHH
+                code = int(wide.group(1), 16)
+                out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+                i = wide.end()
+                continue
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]" or out[-1] == "[" or out[-1] == "[^"
+            out.append(ch if ch != "[" else "\\[")
+        elif ch == "[":
+            in_class = True
+            if pattern.startswith("[^", i):
+                out.append("[^")
+                i += 2
+                continue
+            out.append(ch)
+        elif ch == "$":
+            out.append(r"\Z")
+        else:
+            out.append(ch)
+        i += 1
+    return re.compile("".join(out))
+
+
+def re2_search(pattern: str, value: str) -> bool:
+    """What the API server's `pattern` and CEL's `value.matches(pattern)` say: an unanchored RE2 search."""
+    return _python_pattern(pattern).search(value) is not None
+
+
 def matches(pattern: str, value: object) -> bool:
-    return isinstance(value, str) and re.search(pattern, value) is not None
+    return isinstance(value, str) and re2_search(pattern, value)
 
 
 def parse_quantity(q: str) -> Decimal:
@@ -99,6 +165,10 @@ def is_qualified_name(v: object) -> bool:
 def qualified_name_cel(var: str) -> str:
     """CEL twin of is_qualified_name for the string expression `var`."""
     return f"({var}.matches('{QUALIFIED_NAME}') && (!{var}.contains('/') || {var}.indexOf('/') <= {DNS_SUBDOMAIN_MAX}))"
+
+
+def is_label_value(v: object) -> bool:
+    return matches(LABEL_VALUE, v) and len(str(v)) <= LABEL_VALUE_MAX
 
 
 def is_extended_resource(name: str) -> bool:

@@ -5,12 +5,13 @@ specs through both and compare.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .schema import DATA_FILE_COMPRESSIONS, DATA_FILE_SUFFIXES
+from ..constants import LABEL_KUEUE_QUEUE
+from .formats import re2_search
+from .schema import CACHE_FOLDER, DATA_FILE_COMPRESSIONS, DATA_FILE_SUFFIXES
 
 Obj = dict[str, Any]
 
@@ -26,6 +27,12 @@ class Rule:
     message: str  # names the field and the fix
     check: Callable[[Obj], bool] | None  # True when valid; None for transition rules (need the old object)
     transition: bool = False
+    # A message with the values at hand, for `ftjob render` (the CRD's CEL says the static one: a
+    # messageExpression that formats numbers exceeds the API server's cost budget).
+    describe: Callable[[Obj], str] | None = None
+    # Enforced by the ValidatingAdmissionPolicy generated beside the CRD (crd.py), not by the CRD: a CRD's CEL
+    # sees no metadata but the name. `cel` then reads `object` (and `oldObject`, null on create).
+    admission_policy: bool = False
 
     @property
     def path(self) -> str:
@@ -51,8 +58,11 @@ def _has(o: Obj | None, *keys: str) -> bool:
     return True
 
 
+_JOB_NAME = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
 def _valid_name(name: str) -> bool:
-    return len(name) <= 50 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) is not None
+    return len(name) <= 50 and re2_search(_JOB_NAME, name)
 
 
 def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
@@ -68,7 +78,7 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
         Rule(
             "name-length",
             "",
-            "size(self.metadata.name) <= 50 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+            f"size(self.metadata.name) <= 50 && self.metadata.name.matches('{_JOB_NAME}')",
             ".metadata.name",
             "metadata.name must start with a letter, contain only lower-case letters, digits and '-', and be at "
             "most 50 characters (it becomes the Service name and prefixes pod hostnames); choose a shorter name",
@@ -156,6 +166,16 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             lambda o: not _has(o, "path") or ".." not in str(o["path"]).split("/"),
         ),
         Rule(
+            "output-path-not-cache",
+            "spec.output",
+            f"!has(self.path) || self.path.split('/').all(p, p != '{CACHE_FOLDER}')",
+            ".path",
+            f"spec.output.path may not name the folder {CACHE_FOLDER}: it is where jobs using the claim as "
+            "spec.compileCache.claimName share their cache, so they could read or delete this job's results; "
+            "choose another directory",
+            lambda o: not _has(o, "path") or CACHE_FOLDER not in str(o["path"]).split("/"),
+        ),
+        Rule(
             "dataset-one-source",
             "spec.task.dataset",
             "(has(self.name) ? 1 : 0) + (has(self.dataFiles) ? 1 : 0) + (has(self.path) ? 1 : 0) == 1",
@@ -181,7 +201,7 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             ".dataFiles",
             "spec.task.dataset.dataFiles keys are split names: letters, digits and '_' (dot-separated parts "
             "allowed), e.g. train, validation, test",
-            lambda d: not _has(d, "dataFiles") or all(re.search(_SPLIT_NAME, k) for k in d["dataFiles"]),
+            lambda d: not _has(d, "dataFiles") or all(re2_search(_SPLIT_NAME, k) for k in d["dataFiles"]),
         ),
         Rule(
             "data-files-have-train-split",
@@ -216,7 +236,7 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
                 not _has(d, "dataFiles")
                 or _has(d, "format")
                 or any(
-                    all(re.search(pat, str(f)) for f in d["dataFiles"].values()) for pat in _FORMAT_PATTERNS.values()
+                    all(re2_search(pat, str(f)) for f in d["dataFiles"].values()) for pat in _FORMAT_PATTERNS.values()
                 )
             ),
         ),
@@ -239,6 +259,34 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             lambda t: (
                 t.get("type") != "text-classification"
                 or (_has(t, "dataset", "textColumn") and _has(t, "dataset", "labelColumn"))
+            ),
+        ),
+        Rule(
+            "classification-label-set",
+            "spec.task",
+            "self.type != 'text-classification' || (has(self.labels) && size(self.labels) > 0) || "
+            "(has(self.dataset.labelMap) && size(self.dataset.labelMap) > 0)",
+            ".labels",
+            "text-classification needs its set of classes: give spec.task.labels (class names by id, e.g. "
+            "[negative, positive]) or spec.task.dataset.labelMap (raw label -> class id); the runtime refuses a "
+            "job with neither, but only after loading the dataset",
+            lambda t: (
+                t.get("type") != "text-classification"
+                or bool(t.get("labels"))
+                or bool(t.get("dataset", {}).get("labelMap"))
+            ),
+        ),
+        Rule(
+            "doc-stride-fits-max-length",
+            "spec.task",
+            "self.type != 'question-answering' || 2 * self.docStride < self.maxLength",
+            ".docStride",
+            "spec.task.docStride must be less than half of spec.task.maxLength: each window of maxLength tokens "
+            "also holds the question and the tokenizer's special tokens, and the tokenizer refuses a stride that "
+            "leaves no room for them (after the dataset was loaded); lower docStride (e.g. 32 with maxLength 128) "
+            "or raise maxLength (e.g. 384)",
+            lambda t: (
+                t.get("type") != "question-answering" or 2 * int(t.get("docStride", 128)) < int(t.get("maxLength", 128))
             ),
         ),
         Rule(
@@ -319,7 +367,48 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             transition=True,
         ),
         *[_frozen_block(block, why) for block, why in _FROZEN_BLOCKS.items()],
+        Rule(
+            "queue-name-frozen-once-admitted",
+            "",
+            f"{_queue('self')} == {_queue('oldSelf')} || {NOT_ADMITTED}",
+            ".spec.runPolicy.queueName",
+            "spec.runPolicy.queueName may change only while the job has not been admitted: before the operator "
+            "first handled it, or while it waits in its queue (status.phase Queued with condition Queued True, no "
+            "status.startTime). Once Kueue admitted it or its pods were created, adding, changing or removing the "
+            "queue would run its pods outside the quota; to move the job, delete it and create it again",
+            None,
+            transition=True,
+        ),
+        Rule(
+            "no-kueue-queue-label",
+            "",
+            f"!has(object.metadata.labels) || !('{LABEL_KUEUE_QUEUE}' in object.metadata.labels) || "
+            f"(oldObject != null && has(oldObject.metadata.labels) && '{LABEL_KUEUE_QUEUE}' in "
+            f"oldObject.metadata.labels && oldObject.metadata.labels['{LABEL_KUEUE_QUEUE}'] == "
+            f"object.metadata.labels['{LABEL_KUEUE_QUEUE}'])",
+            ".metadata.labels",
+            f"metadata.labels: the {LABEL_KUEUE_QUEUE} label does not queue a FineTuneJob (the job would run "
+            "outside Kueue's quota): remove the label and set spec.runPolicy.queueName to the LocalQueue instead",
+            lambda o: LABEL_KUEUE_QUEUE not in ((o.get("metadata") or {}).get("labels") or {}),
+            admission_policy=True,
+        ),
     ]
+
+
+def _queue(o: str) -> str:
+    """CEL: the job's queue name, '' without one (the operator queues only a non-empty name)."""
+    return f"((has({o}.spec.runPolicy) && has({o}.spec.runPolicy.queueName)) ? {o}.spec.runPolicy.queueName : '')"
+
+
+# CEL on the stored object (oldSelf): the job is not admitted, so its queue may still change. The operator
+# (reconcile.py's `queued` phase) keeps phase Queued with condition Queued True and no startTime while the
+# job's Workload waits; admission (`admitted`) turns the condition False (reason Admitted) and the first pods
+# set startTime. A job without status has not been handled yet.
+NOT_ADMITTED = (
+    "(!has(oldSelf.status) || (!has(oldSelf.status.startTime) && (!has(oldSelf.status.phase) || "
+    "(oldSelf.status.phase == 'Queued' && has(oldSelf.status.conditions) && "
+    "oldSelf.status.conditions.exists(c, c.type == 'Queued' && c.status == 'True')))))"
+)
 
 
 # Spec blocks fixed at creation, and why: the job's ConfigMap (config.json) is written once, and restarted pods

@@ -26,6 +26,19 @@ PRECISIONS = ("fp32", "bf16")
 CLEAN_POD_POLICIES = ("Running", "All")
 PHASES = ("Queued", "Pending", "Precompiling", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
+# Upper bounds of the integers a user writes, each one the code that reads the value handles (a spec admission
+# lets through must never overflow downstream, e.g. in every reconcile pass or every rank's first second):
+# Durations in seconds (runPolicy.activeDeadlineSeconds, ttlSecondsAfterFinished, tolerationSeconds): 2^31-1
+# (68 years), Kubernetes' own bound for a Job's ttlSecondsAfterFinished; the operator adds them to timestamps
+# (datetime overflows past the year 9999) and the taint manager multiplies tolerationSeconds into a Go
+# time.Duration (int64 nanoseconds, 292 years).
+MAX_SECONDS = 2**31 - 1
+# Counts of optimizer steps and of dataset rows: the same 2^31-1, far beyond any run, and exact in every type they
+# pass through (the runtime's progress lines and ETA are float64, Kubernetes' integers int64).
+MAX_COUNT = 2**31 - 1
+# training.seed seeds numpy (transformers.set_seed), which refuses anything outside [0, 2^32-1].
+MAX_SEED = 2**32 - 1
+
 
 def _s(description: str, **kw: Any) -> Schema:
     return {"type": "string", "description": description, **kw}
@@ -92,7 +105,11 @@ TOLERATION = _o(
         "effect": _s(
             "Taint effect to tolerate; empty: all effects.", enum=["", "NoSchedule", "PreferNoSchedule", "NoExecute"]
         ),
-        "tolerationSeconds": _i("How long a NoExecute taint is tolerated before eviction (effect NoExecute only)."),
+        "tolerationSeconds": _i(
+            "How long a NoExecute taint is tolerated before eviction (effect NoExecute only; 0: evict at once).",
+            minimum=0,
+            maximum=MAX_SECONDS,
+        ),
     },
 )
 
@@ -187,6 +204,7 @@ DATASET = _o(
         "name": _s(
             "Hugging Face hub dataset, e.g. squad. Datasets that only ship a legacy loading script (e.g. "
             "mteb/amazon_reviews_multi) do not load by name with datasets 4 or newer: use dataFiles.",
+            minLength=1,  # the runtime takes an empty name for no source at all
             maxLength=256,
         ),
         "config": _s("Dataset configuration of a hub dataset (with name), e.g. plain_text.", maxLength=128),
@@ -213,6 +231,7 @@ DATASET = _o(
         "path": _s(
             "Local file or directory; relative paths are relative to the working directory. In a "
             "directory, each file's name up to the first '.' or '-' is its split (train.jsonl -> train).",
+            minLength=1,
             maxLength=1024,
         ),
         "trainSplit": _s("Split to train on.", maxLength=64, default="train"),
@@ -253,8 +272,11 @@ DATASET = _o(
             "Train on this many rows, taken after label mapping from the split shuffled with "
             "training.seed (so files sorted by label still give every class).",
             minimum=1,
+            maximum=MAX_COUNT,
         ),
-        "evalSamples": _i("Evaluate on this many rows, taken the same way from the evaluation split.", minimum=1),
+        "evalSamples": _i(
+            "Evaluate on this many rows, taken the same way from the evaluation split.", minimum=1, maximum=MAX_COUNT
+        ),
     },
 )
 
@@ -272,7 +294,11 @@ TASK = _o(
         "dataset": DATASET,
         "maxLength": _i("Maximum tokens per example.", minimum=8, maximum=8192, default=128),
         "docStride": _i(
-            "Overlap between windows of long contexts (question-answering).", minimum=1, maximum=4096, default=128
+            "Overlap between windows of long contexts (question-answering); less than half of maxLength, since "
+            "each window also holds the question and the tokenizer's special tokens.",
+            minimum=1,
+            maximum=4096,
+            default=128,
         ),
         "labels": _strlist("Class names by id, e.g. [negative, positive]; saved in the model config.", 1024),
         "inferenceSamples": _strlist(
@@ -328,39 +354,55 @@ TRAINING = _o(
     "Hyper-parameters for the built-in task. Immutable after creation.",
     {
         "epochs": _n("Training epochs.", minimum=0, exclusiveMinimum=True, maximum=10000, default=3),
-        "maxSteps": _i("Stop after this many optimizer steps (overrides epochs).", minimum=1),
+        "maxSteps": _i("Stop after this many optimizer steps (overrides epochs).", minimum=1, maximum=MAX_COUNT),
         "learningRate": _n("Peak learning rate.", minimum=0, exclusiveMinimum=True, maximum=1, default=5e-5),
         "batchSizePerDevice": _i("Examples per process per step.", minimum=1, maximum=4096, default=8),
-        "gradientAccumulationSteps": _i("Steps accumulated per optimizer step.", minimum=1, default=1),
+        "gradientAccumulationSteps": _i(
+            "Steps accumulated per optimizer step.", minimum=1, maximum=MAX_COUNT, default=1
+        ),
         "precision": _s(
             "fp32, or bf16 (Neuron: model cast to bf16 with stochastic rounding; Xeon: autocast on AMX; nvidia: "
             "autocast).",
             enum=list(PRECISIONS),
             default="fp32",
         ),
-        "seed": _i("Random seed for sampling, initialisation and shuffling.", minimum=0, default=42),
+        "seed": _i(
+            "Random seed for sampling, initialisation and shuffling (0 to 4294967295, what numpy accepts).",
+            minimum=0,
+            maximum=MAX_SEED,
+            default=42,
+        ),
         "checkpointEverySteps": _i(
             "Save a checkpoint to the output every N steps (and at each epoch end, unless the newest checkpoint "
             "is under a minute old); restarts resume from the newest complete one.",
             minimum=1,
+            maximum=MAX_COUNT,
             default=500,
         ),
-        "logEverySteps": _i("Progress line every N steps.", minimum=1, default=10),
-        "evalEverySteps": _i("Evaluate every N steps; default: at each epoch end.", minimum=1),
+        "logEverySteps": _i("Progress line every N steps.", minimum=1, maximum=MAX_COUNT, default=10),
+        "evalEverySteps": _i("Evaluate every N steps; default: at each epoch end.", minimum=1, maximum=MAX_COUNT),
         "warmupRatio": _n("Fraction of steps for learning-rate warm-up.", minimum=0, maximum=1, default=0.0),
         "weightDecay": _n("AdamW weight decay.", minimum=0, maximum=1, default=0.0),
         "compile": _b("Train through torch.compile (CPU, Xeon, nvidia).", default=False),
     },
 )
 
+# The folder of a compile-cache claim that the pods mount at /cache (builders/pods.py): every job using the claim
+# shares it, and none sees the rest of the claim, e.g. the output directories of jobs that use the same claim
+# for spec.output (those are <output.path>/<namespace>/<job>; a namespace never starts with '.', and the
+# output-path-not-cache rule keeps output.path out of it).
+CACHE_FOLDER = ".finetune-cache"
+
 COMPILE_CACHE = _o(
     "Shared cache for compiled graphs (Neuron NEFFs, torch.compile) and tokenized datasets, reused across ranks "
-    "and jobs on purpose: the claim is mounted whole at /cache, so every job using it reads and writes the same "
-    "cache. Use a claim per team (or per trust boundary) when jobs must not share compiled artifacts. Immutable "
-    "after creation.",
+    f"and jobs on purpose: the claim's folder {CACHE_FOLDER} is mounted at /cache, so every job using the claim "
+    "reads and writes the same cache, and none sees the rest of the claim (e.g. the outputs of jobs that use it "
+    "as output.claimName). Use a claim per team (or per trust boundary) when jobs must not share compiled "
+    "artifacts; the operator's policy can say which claims a namespace may use for what. Immutable after creation.",
     {
         "claimName": _s(
-            "ReadWriteMany PersistentVolumeClaim mounted at /cache (EFS, FSx).",
+            f"ReadWriteMany PersistentVolumeClaim (EFS, FSx) whose folder {CACHE_FOLDER} is mounted at /cache "
+            "(made by the kubelet when missing).",
             maxLength=f.DNS_SUBDOMAIN_MAX,
             pattern=f.DNS_SUBDOMAIN,
         ),
@@ -368,7 +410,7 @@ COMPILE_CACHE = _o(
             "Neuron compile cache URL (s3://bucket/prefix); used instead of /cache/neuron. Without claimName "
             "/cache is an emptyDir.",
             maxLength=1024,
-            pattern="^(s3://|/).+",
+            pattern=f.NEURON_CACHE_URL,
         ),
         "precompile": _b(
             "Fill the cache first with a short trial run (neuron_parallel_compile on Trainium, torch.compile "
@@ -405,7 +447,7 @@ OUTPUT = _o(
             "allowing ListBucket, GetObject, PutObject and DeleteObject; for an S3-compatible server set "
             "AWS_ENDPOINT_URL in spec.env.",
             maxLength=1024,
-            pattern="^s3://.+",
+            pattern=f.S3_URL,
         ),
     },
 )
@@ -421,9 +463,14 @@ RUN_POLICY = _o(
             maximum=1000,
             default=3,
         ),
-        "activeDeadlineSeconds": _i("Fail the job when it runs longer than this.", minimum=1),
+        "activeDeadlineSeconds": _i(
+            "Fail the job when it runs longer than this (at most 2147483647, 68 years).", minimum=1, maximum=MAX_SECONDS
+        ),
         "ttlSecondsAfterFinished": _i(
-            "Delete the job (and, through owner references, every child) this long after it finished.", minimum=0
+            "Delete the job (and, through owner references, every child) this long after it finished (at most "
+            "2147483647).",
+            minimum=0,
+            maximum=MAX_SECONDS,
         ),
         "cleanPodPolicy": _s(
             "Which pods to delete when the job finishes: Running (pods still running; finished ones stay for "

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import copy
 import difflib
-import re
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from .formats import PATTERN_HINTS
+from .formats import PATTERN_HINTS, re2_search
 from .schema import Schema
 
 
@@ -43,6 +43,41 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
     "array": (list,),
 }
+
+
+def prune_nulls(schema: Schema, value: Any) -> Any:
+    """A copy of value without the nulls the API server drops before defaulting and validation: a null field of
+    a typed object (a property, or a value of a map such as nodeSelector) is as if it were absent. Nulls in
+    arrays, and anywhere inside a free object (x-kubernetes-preserve-unknown-fields), stay."""
+    if (
+        isinstance(value, dict)
+        and schema.get("type") == "object"
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        props: dict[str, Schema] = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        out = {}
+        for k, v in value.items():
+            sub = props.get(k) if k in props else (extra if isinstance(extra, dict) else None)
+            if v is None and sub is not None:
+                continue  # an unknown field stays, null or not: strict field validation refuses it
+            out[k] = prune_nulls(sub, v) if sub is not None else copy.deepcopy(v)
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune_nulls(schema["items"], v) if v is not None else None for v in value]
+    return copy.deepcopy(value)
+
+
+def non_finite(value: Any, path: str) -> list[FieldError]:
+    """NaN and infinities anywhere (YAML's .nan and .inf): JSON has no such number, so neither kubectl nor the
+    API server takes a document that holds one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [FieldError(path, f"{value} is not a number JSON can carry (nor the API server); write a finite number")]
+    if isinstance(value, dict):
+        return [e for k, v in value.items() for e in non_finite(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [e for i, v in enumerate(value) for e in non_finite(v, f"{path}[{i}]")]
+    return []
 
 
 def apply_defaults(schema: Schema, value: Any) -> Any:
@@ -106,7 +141,7 @@ def _walk(schema: Schema, value: Any, path: str, errors: list[FieldError]) -> No
             errors.append(FieldError(path, f"must have at least {schema['minLength']} characters"))
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(FieldError(path, f"must have at most {schema['maxLength']} characters"))
-        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+        if "pattern" in schema and not re2_search(schema["pattern"], value):
             means = PATTERN_HINTS.get(schema["pattern"], f"it must match the pattern {schema['pattern']}")
             errors.append(FieldError(path, f"{value!r} is not allowed here; {means}"))
     if expected == "array":

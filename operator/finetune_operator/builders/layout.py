@@ -66,6 +66,27 @@ def _sized_resources(p: Profile, inst: InstanceType, procs: int, guaranteed: boo
     return {"cpu": str(cpus), "memory": f"{mem_gib}Gi"}
 
 
+def device_limits(p: Profile, inst: InstanceType | None, procs: int) -> dict[str, int]:
+    """The accelerator devices a pod of `procs` processes requests: one GPU per process (nvidia); on Trainium
+    the NeuronCores, or the whole devices that hold them (what the Neuron scheduler places). spec.hardware's
+    own device limits must agree (builders/devices.py)."""
+    if p.procs_per == "core" and p.device_resource and p.core_resource and inst is not None:
+        if procs < inst.cores_per_device:
+            return {p.core_resource: procs}
+        return {p.device_resource: math.ceil(procs / inst.cores_per_device)}
+    if p.procs_per == "device" and p.device_resource:
+        return {p.device_resource: procs}
+    return {}
+
+
+def procs_per_node(spec: dict[str, Any]) -> int:
+    """Training processes per pod: spec.hardware.procsPerNode, else spec.mpi.slotsPerNode, else the profile's
+    derivation from the instance type."""
+    hw = spec["hardware"]
+    p = profiles.get(hw["profile"])
+    return _procs(hw, spec, p, p.instance(hw.get("instanceType")))
+
+
 def launcher_of(spec: dict[str, Any]) -> str:
     """spec.launcher, else the profile's default (torchrun; mpi on xeon-amx)."""
     return str(spec.get("launcher") or profiles.get(spec["hardware"]["profile"]).default_launcher)
@@ -87,13 +108,7 @@ def resolve(job: dict[str, Any]) -> Layout:
         requests.update(_sized_resources(p, inst, procs, p.guaranteed_qos))
     else:
         requests.update(p.default_resources)
-    if p.procs_per == "core" and p.device_resource and p.core_resource and inst is not None:
-        if procs < inst.cores_per_device:
-            limits[p.core_resource] = str(procs)
-        else:
-            limits[p.device_resource] = str(math.ceil(procs / inst.cores_per_device))
-    elif p.procs_per == "device" and p.device_resource:
-        limits[p.device_resource] = str(procs)
+    limits.update({k: str(v) for k, v in device_limits(p, inst, procs).items()})
     efa = bool(p.efa and inst is not None and inst.efa > 0 and nodes > 1)
     if efa and p.efa and inst is not None:
         limits[p.efa.resource] = str(inst.efa)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import constants as c
+from ..api.schema import CACHE_FOLDER
 from .env import command_env, container_env
 from .flavors import Placement, place
 from .layout import Layout
@@ -35,11 +36,13 @@ def _volumes(job: dict[str, Any], layout: Layout, names: Names, role: str) -> tu
     ]
     if role != c.ROLE_LAUNCHER:
         if cache.get("claimName"):
-            # Whole claim, on purpose: a compile cache is shared across jobs (api/schema.py COMPILE_CACHE).
+            # Shared across jobs on purpose, but only the claim's cache folder: the same claim may hold other
+            # jobs' outputs, which the cache mount must not reach (api/schema.py CACHE_FOLDER).
             vols.append({"name": "cache", "persistentVolumeClaim": {"claimName": cache["claimName"]}})
+            mounts.append({"name": "cache", "mountPath": c.CACHE_DIR, "subPath": CACHE_FOLDER})
         else:
             vols.append({"name": "cache", "emptyDir": {}})
-        mounts.append({"name": "cache", "mountPath": c.CACHE_DIR})
+            mounts.append({"name": "cache", "mountPath": c.CACHE_DIR})
         if output.get("claimName"):
             vols.append({"name": "output", "persistentVolumeClaim": {"claimName": output["claimName"]}})
             sub = names.output_sub_path(output.get("path"))  # this job's directory only (the kubelet makes it)
