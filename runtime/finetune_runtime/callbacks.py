@@ -31,10 +31,12 @@ class ProgressCallback(TrainerCallback):
         emitter: ProgressEmitter,
         precompile: bool,
         save_each_epoch: bool,
+        uid: str,
         on_checkpoint: Callable[[Path], str | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.emitter = emitter
+        self.uid = uid  # the job's: each checkpoint's marker records it (checkpoints.mark_complete)
         self.on_checkpoint = on_checkpoint  # after the marker (rank 0): e.g. the S3 upload; returns a URL
         self.precompile = precompile
         self.save_each_epoch = save_each_epoch
@@ -97,7 +99,7 @@ class ProgressCallback(TrainerCallback):
         self.saved_at = self.clock()
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and ckpt.is_dir():
-            checkpoints.mark_complete(ckpt)
+            checkpoints.mark_complete(ckpt, self.uid)
             url = self.on_checkpoint(ckpt) if self.on_checkpoint else None
             self.emitter.emit(
                 "checkpoint",

@@ -1,8 +1,9 @@
 """The `worker` command: one training process (started by torchrun or mpirun, or alone).
 
 Flow: map the launcher's env -> read config -> backend plan -> tokenizer -> tokenised dataset (rank 0 builds
-the cache, others wait) -> model -> Trainer (resuming from the newest complete checkpoint) -> final eval ->
-rank 0 saves model/, metrics.json, predictions.json and prints the `done` progress line. This pipeline is the
+the cache, others wait) -> model -> Trainer (resuming from this job's newest complete checkpoint, else from
+output.resumeFrom's) -> final eval -> rank 0 saves model/, metrics.json, predictions.json into the job's location
+(location.py) and prints the `done` progress line. This pipeline is the
 same for every task: what differs (dataset, model, Trainer, metrics, saving, predictions) is the task plugin's
 (finetune_runtime/tasks/, chosen by task.type).
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_runtime import checkpoints, compilecache, data, s3sync, tasks
+from finetune_runtime import checkpoints, compilecache, data, location, resume, s3sync, tasks
 from finetune_runtime.backends import BackendPlan, backend_from_env, optimize_for_backend, plan_backend, prepare_process
 from finetune_runtime.config import JobConfig, load_config
 from finetune_runtime.distenv import DistInfo, apply_distributed_env
@@ -35,12 +36,13 @@ MODEL_DIRS = ("model", "model-merged")
 
 @dataclass(frozen=True)
 class Paths:
-    output: Path
+    output: Path  # the job's location on the output claim, or the scratch copy of an S3 one
     cache: Path
+    uid: str  # the job's: its checkpoints live under checkpoints/<uid>/ (location.py)
 
     @property
     def checkpoints(self) -> Path:
-        return self.output / "checkpoints"
+        return self.output / location.checkpoint_dir(self.uid)
 
     @property
     def model(self) -> Path:
@@ -54,10 +56,10 @@ def setup_logging(info: DistInfo) -> None:
         logging.getLogger().setLevel(logging.WARNING)
 
 
-def resolve_paths(env: dict[str, str]) -> Paths:
+def resolve_paths(env: dict[str, str], uid: str) -> Paths:
     out = Path(env.get("FTJOB_OUTPUT_DIR") or "ftjob-output").resolve()
     cache = Path(env.get("FTJOB_CACHE_DIR") or out / ".cache").resolve()
-    return Paths(out, cache)
+    return Paths(out, cache, uid)
 
 
 def set_cache_env(paths: Paths, plan: BackendPlan, use_compile: bool) -> None:
@@ -138,37 +140,6 @@ def make_optimizer(model: Any, cfg: JobConfig) -> Any:
     )
 
 
-# --- output upload ----------------------------------------------------------------------------------------
-
-
-def s3_keys(local_root: Path, url: str) -> list[tuple[Path, str, str]]:
-    """(file, bucket, key) for each final artefact (model/, model-merged/, metrics.json, predictions.json) under an
-    s3 URL."""
-    if not url.startswith("s3://"):
-        raise ValueError(f"FTJOB_OUTPUT_URL must be an s3:// URL, got {url!r}")
-    bucket, _, prefix = url[5:].partition("/")
-    prefix = prefix.strip("/")
-    files = [p for d in MODEL_DIRS for p in sorted((local_root / d).rglob("*")) if p.is_file()]
-    files += [local_root / n for n in ("metrics.json", "predictions.json") if (local_root / n).exists()]
-    return [(f, bucket, "/".join(x for x in (prefix, f.relative_to(local_root).as_posix()) if x)) for f in files]
-
-
-def upload(local_root: Path, url: str) -> None:
-    from finetune_runtime.backends import MissingStackError
-
-    try:
-        import boto3  # type: ignore[import-not-found,import-untyped,unused-ignore]
-    except ImportError as e:
-        raise MissingStackError(
-            "FTJOB_OUTPUT_URL is set but boto3 is not installed; the finetune-operator "
-            "images (finetune-operator/neuron, finetune-operator/xeon, ...) include it"
-        ) from e
-    client = boto3.client("s3")
-    for f, bucket, key in s3_keys(local_root, url):
-        client.upload_file(str(f), bucket, key)
-    log.info("uploaded final artefacts to %s", url)
-
-
 # --- main -------------------------------------------------------------------------------------------------
 
 
@@ -201,7 +172,8 @@ def _run_worker() -> int:
     task = cfg.task
     precompile = env.get("FTJOB_MODE", "train") == "precompile"
     precompile_steps = int(env.get("FTJOB_PRECOMPILE_STEPS") or cfg.compile_cache.precompile_steps)
-    paths = resolve_paths(env)
+    me = location.Identity.from_env(env)
+    paths = resolve_paths(env, me.uid)
     plan = plan_backend(backend_from_env(env), cfg.training.precision)
     prepare_process(plan)
     set_cache_env(paths, plan, precompile or cfg.training.compile)
@@ -240,9 +212,15 @@ def _run_worker() -> int:
     datasets.logging.set_verbosity_error()
     transformers.set_seed(cfg.training.seed)
 
+    url = env.get("FTJOB_OUTPUT_URL")
+    # The job's location: an S3 prefix (output.url; /output is scratch), else /output itself (the claim's).
+    loc: location.Location = s3sync.location_from_url(url) if url else location.DirLocation(paths.output)
     if info.is_main and not precompile:
         for p in checkpoints.remove_incomplete(paths.checkpoints):
             log.info("removed incomplete checkpoint %s", p)
+        moved = location.take_over(loc, me)
+        if moved:
+            log.info("%s held another job's final artefacts (%s): moved to %s/", loc, ", ".join(moved[1]), moved[0])
     run_dir = paths.cache / "precompile-run" if precompile else paths.checkpoints
     args = training_arguments(cfg, plan, info, run_dir, precompile, precompile_steps)
 
@@ -269,8 +247,13 @@ def _run_worker() -> int:
             len(dsets["validation"]),
         )
 
-    # output.url: /output dies with the pod, so checkpoints go to (and come back from) <url>/checkpoints/.
-    sync = None if precompile else s3sync.from_env(env, SAVE_TOTAL_LIMIT)
+    # output.url: /output dies with the pod, so checkpoints go to (and come back from) the location's
+    # checkpoints/<uid>/.
+    sync = (
+        s3sync.CheckpointSync(loc, me.uid, SAVE_TOTAL_LIMIT)
+        if isinstance(loc, s3sync.S3Location) and not precompile
+        else None
+    )
     restored: tuple[Path, str] | None = None
     if sync is not None:
         with args.main_process_first(desc="checkpoint download"):  # each node's local rank 0 downloads
@@ -278,9 +261,19 @@ def _run_worker() -> int:
                 restored = sync.restore(paths.checkpoints)
         if restored is not None:
             log.info("downloaded checkpoint %s from %s", restored[0].name, restored[1])
-    resume = None if precompile else checkpoints.newest_complete(paths.checkpoints)
-    finished = resume is not None and checkpoints.finished_training(resume)
-    model = plugin.build_model(task, tokenizer, weights_from=resume if finished else None)
+    point: resume.ResumePoint | None = None
+    if not precompile:
+        own = checkpoints.newest_complete(paths.checkpoints, me.uid)
+        if own is not None:
+            point = resume.ResumePoint(own, restored[1] if restored and restored[0] == own else None, own=True)
+        else:
+            point, problem = _resume_from(env, paths, info, args, loc, me)
+            if problem:
+                log.error("%s", problem)
+                return 2
+    resume_dir = point.path if point else None
+    finished = point is not None and point.finished
+    model = plugin.build_model(task, tokenizer, weights_from=resume_dir if finished else None)
     if plan.cast_model_bf16:
         import torch
 
@@ -291,7 +284,11 @@ def _run_worker() -> int:
         optimizers = (opt, None)
 
     callback = ProgressCallback(
-        emitter, precompile, save_each_epoch=not precompile, on_checkpoint=sync.upload if sync is not None else None
+        emitter,
+        precompile,
+        save_each_epoch=not precompile,
+        uid=me.uid,
+        on_checkpoint=sync.upload if sync is not None else None,
     )
     common: dict[str, Any] = {
         "model": model,
@@ -316,14 +313,15 @@ def _run_worker() -> int:
     train_metrics: dict[str, Any] = {}
     probe = compilecache.CacheProbe(compilecache.cache_root(os.environ, plan.name)) if precompile else None
     if finished:
-        assert resume is not None
-        log.info("training had finished at %s: resuming with the final steps (eval, model, predictions)", resume)
-        trainer.state.global_step = checkpoints.checkpoint_step(resume) or 0
+        assert resume_dir is not None
+        log.info("training had finished at %s: resuming with the final steps (eval, model, predictions)", resume_dir)
+        trainer.state.global_step = checkpoints.checkpoint_step(resume_dir) or 0
         trainer.state.max_steps = trainer.state.global_step
     else:
-        if resume is not None:
-            log.info("resuming from %s%s", resume, f" (downloaded from {restored[1]})" if restored else "")
-        train_metrics = trainer.train(resume_from_checkpoint=str(resume) if resume else None).metrics
+        if point is not None:
+            source = f" (downloaded from {point.url})" if point.url else ""
+            log.info("resuming from %s%s%s", point.path, source, "" if point.own else " (output.resumeFrom)")
+        train_metrics = trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None).metrics
 
     if precompile:
         if info.is_main:
@@ -361,15 +359,14 @@ def _run_worker() -> int:
             "worldSize": info.world_size,
             "trainRows": len(dsets["train"]),
             "evalRows": len(dsets["validation"]),
-            "resumedFrom": str(resume) if resume else None,
-            "resumedFromUrl": restored[1] if restored and restored[0] == resume else None,
+            "resumedFrom": str(resume_dir) if resume_dir else None,
+            "resumedFromUrl": point.url if point else None,
         }
         (paths.output / "metrics.json").write_text(json.dumps(metrics_doc, indent=2, ensure_ascii=False) + "\n")
         preds = plugin.predictions(paths.model, task, dsets)
         (paths.output / "predictions.json").write_text(json.dumps(preds, indent=2, ensure_ascii=False) + "\n")
-        url = env.get("FTJOB_OUTPUT_URL")
-        if url:
-            upload(paths.output, url)
+        if isinstance(loc, s3sync.S3Location):
+            location.upload_outputs(paths.output, loc, [*MODEL_DIRS, "metrics.json", "predictions.json"])
         emitter.emit(
             "done",
             step=trainer.state.global_step,
@@ -379,3 +376,28 @@ def _run_worker() -> int:
             time=utc_now(),
         )
     return 0
+
+
+def _resume_from(
+    env: dict[str, str], paths: Paths, info: DistInfo, args: Any, loc: location.Location, me: location.Identity
+) -> tuple[resume.ResumePoint | None, str | None]:
+    """output.resumeFrom's checkpoint for a job without checkpoints of its own: (point, None), or (None, why
+    not). Every rank passes the same barrier, so a failed download never leaves the others waiting."""
+    point: resume.ResumePoint | None = None
+    problem: str | None = None
+    with args.main_process_first(desc="output.resumeFrom download"):
+        try:
+            point = resume.resume_from(env, paths.output, downloader=info.local_rank == 0)
+        except resume.ResumeError as e:
+            problem = str(e)
+    if point is None and problem is None and info.is_main:
+        others = location.others_checkpoints(loc, me.uid)
+        if others:
+            log.info(
+                "starting from step 0: %s holds checkpoints of other jobs (%s), which this job (uid %s) does not "
+                "resume; output.resumeFrom can name them",
+                loc,
+                ", ".join(others),
+                me.uid,
+            )
+    return point, problem

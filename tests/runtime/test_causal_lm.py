@@ -174,16 +174,18 @@ def test_lora_samples_config_parses_in_the_runtime(sample: str) -> None:
 
 
 def test_adapter_checkpoint_is_complete(tmp_path: Path) -> None:
-    """A LoRA run's checkpoints hold adapter weights only; they must count as resumable, not be deleted."""
+    """A LoRA run's checkpoints hold adapter weights only; they must count as resumable, not be deleted, and
+    losing the adapter makes them incomplete."""
     from finetune_runtime import checkpoints
 
     ckpt = tmp_path / "checkpoint-7"
     ckpt.mkdir()
     (ckpt / "trainer_state.json").write_text('{"global_step": 7, "max_steps": 7}')
-    checkpoints.mark_complete(ckpt)
-    assert not checkpoints.is_complete(ckpt)
     (ckpt / "adapter_model.safetensors").write_bytes(b"x")
-    assert checkpoints.newest_complete(tmp_path) == ckpt and checkpoints.finished_training(ckpt)
+    checkpoints.mark_complete(ckpt, "u")
+    assert checkpoints.newest_complete(tmp_path, "u") == ckpt and checkpoints.finished_training(ckpt)
+    (ckpt / "adapter_model.safetensors").unlink()
+    assert not checkpoints.is_complete(ckpt)
 
 
 # --- real trainings ---------------------------------------------------------------------------------------

@@ -435,7 +435,7 @@ def _ckpt(root: Path, step: int, complete: bool, state: bool = True) -> Path:
     if state:
         (d / "trainer_state.json").write_text("{}")
     if complete:
-        checkpoints.mark_complete(d)
+        checkpoints.mark_complete(d, "u")
     return d
 
 
@@ -704,18 +704,22 @@ def test_classification_metrics() -> None:
     assert three == {"accuracy": 1.0, "f1": 1.0}
 
 
-def test_s3_keys_cover_the_final_artefacts(tmp_path: Path) -> None:
-    from finetune_runtime.train import s3_keys
+def test_upload_outputs_copies_the_final_artefacts_only(tmp_path: Path) -> None:
+    from finetune_runtime.location import DirLocation, upload_outputs
 
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")
-    (tmp_path / "metrics.json").write_text("{}")
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "x").write_text("")
-    keys = [(b, k) for _, b, k in s3_keys(tmp_path, "s3://bucket/jobs/demo/")]
-    assert keys == [("bucket", "jobs/demo/model/config.json"), ("bucket", "jobs/demo/metrics.json")]
-    with pytest.raises(ValueError, match="s3://"):
-        s3_keys(tmp_path, "gs://bucket")
+    src = tmp_path / "scratch"
+    (src / "model").mkdir(parents=True)
+    (src / "model" / "config.json").write_text("{}")
+    (src / "metrics.json").write_text("{}")
+    (src / "checkpoints").mkdir()
+    (src / "checkpoints" / "x").write_text("")
+    done = upload_outputs(src, DirLocation(tmp_path / "dst"), ["model", "model-merged", "metrics.json"])
+    assert done == ["model/config.json", "metrics.json"]
+    assert sorted(p.relative_to(tmp_path / "dst").as_posix() for p in (tmp_path / "dst").rglob("*")) == [
+        "metrics.json",
+        "model",
+        "model/config.json",
+    ]
 
 
 def test_cli_missing_stack_exits_3_naming_the_image(tmp_path: Path) -> None:
@@ -805,7 +809,9 @@ def test_an_epoch_end_save_only_when_the_newest_checkpoint_is_a_minute_old() -> 
     from finetune_runtime.callbacks import EPOCH_SAVE_MIN_SECONDS, ProgressCallback
 
     now = [1000.0]
-    cb = ProgressCallback(progress.ProgressEmitter(False), precompile=False, save_each_epoch=True, clock=lambda: now[0])
+    cb = ProgressCallback(
+        progress.ProgressEmitter(False), precompile=False, save_each_epoch=True, uid="u", clock=lambda: now[0]
+    )
     state = SimpleNamespace(global_step=0, is_world_process_zero=False)
     cb.on_train_begin(None, state, None)
 
