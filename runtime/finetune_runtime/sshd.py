@@ -14,6 +14,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from finetune_runtime.launcher import FORWARD_PREFIXES
+
 log = logging.getLogger("finetune_runtime")
 
 DEFAULT_SECRET_DIR = "/etc/ftjob/ssh"
@@ -73,7 +75,7 @@ def sshd_config(ssh_dir: Path, port: str, strict_modes: bool = True) -> str:
                 f"StrictModes {'yes' if strict_modes else 'no'}",
                 "PermitUserEnvironment no",
                 "PrintMotd no",
-                "AcceptEnv FTJOB_* OMP_* KMP_* CCL_* FI_* NEURON_* I_MPI_*",
+                "AcceptEnv " + " ".join(f"{p}*" for p in FORWARD_PREFIXES),
                 "LogLevel INFO",
             ]
         )

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from finetune_runtime import checkpoints, compilecache, data, location, resume, s3sync, tasks
-from finetune_runtime.backends import BackendPlan, backend_from_env, optimize_for_backend, plan_backend, prepare_process
+from finetune_runtime.backends import (
+    INDUCTOR_CACHE_VAR,
+    BackendPlan,
+    backend_from_env,
+    optimize_for_backend,
+    plan_backend,
+    prepare_process,
+)
 from finetune_runtime.config import JobConfig, load_config
 from finetune_runtime.distenv import DistInfo, apply_distributed_env
 from finetune_runtime.progress import ProgressEmitter, clean_metrics, utc_now
@@ -66,8 +73,8 @@ def set_cache_env(paths: Paths, plan: BackendPlan, use_compile: bool) -> None:
     """Cache locations under FTJOB_CACHE_DIR (must happen before transformers/datasets/torch._inductor load)."""
     os.environ.setdefault("HF_HOME", str(paths.cache / "hf"))
     os.environ.setdefault("HF_DATASETS_CACHE", str(paths.cache / "hf" / "datasets"))
-    if use_compile and plan.name != "neuron":
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(paths.cache / "torch-compile"))
+    if use_compile and plan.backend.torch_compile:
+        os.environ.setdefault(INDUCTOR_CACHE_VAR, str(paths.cache / "torch-compile"))
         os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
         os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
 
@@ -98,17 +105,15 @@ def training_arguments(
         "save_total_limit": SAVE_TOTAL_LIMIT,
         "bf16": plan.trainer_bf16,
         "use_cpu": plan.use_cpu,
-        # Precompile warms inductor where torch.compile is the graph compiler; on Neuron the XLA trial run
-        # under neuron_parallel_compile is the compilation, so it does not add torch.compile.
-        "torch_compile": (precompile and plan.name != "neuron") or t.compile,
+        # Precompile warms inductor where torch.compile is the graph compiler; where the backend compiles
+        # itself (Neuron: the XLA trial under neuron_parallel_compile) the trial adds no torch.compile.
+        "torch_compile": (precompile and plan.backend.torch_compile) or t.compile,
         "report_to": "none",
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
     }
-    # "xla" is not a TrainingArguments choice: under torchrun with torch-neuronx present, transformers creates
-    # the XLA process group itself when it is imported (training_args.py), so Neuron passes no ddp_backend.
-    if info.world_size > 1 and plan.ddp_backend and plan.ddp_backend != "xla":
-        kw["ddp_backend"] = plan.ddp_backend
+    if info.world_size > 1 and plan.trainer_ddp_backend:
+        kw["ddp_backend"] = plan.trainer_ddp_backend
         # Skipping the unused-parameter search where the task does not need it saves a graph traversal per step.
         kw["ddp_find_unused_parameters"] = cfg.task is not None and tasks.get(cfg.task.type).find_unused_parameters
     if precompile:
@@ -177,7 +182,7 @@ def _run_worker() -> int:
     plan = plan_backend(backend_from_env(env), cfg.training.precision)
     prepare_process(plan)
     set_cache_env(paths, plan, precompile or cfg.training.compile)
-    if (precompile or cfg.training.compile) and plan.name != "neuron":
+    if (precompile or cfg.training.compile) and plan.backend.torch_compile:
         problem = compilecache.toolchain_problem()
         if problem:  # before minutes of data preparation, not at the first forward pass
             log.error("%s", problem)
@@ -228,7 +233,7 @@ def _run_worker() -> int:
     from finetune_runtime.callbacks import ProgressCallback
 
     tokenizer = load_tokenizer(task.tokenizer_name)
-    pad_to_max = plan.name == "neuron"  # XLA compiles one graph per shape: keep shapes static there
+    pad_to_max = plan.backend.static_shapes
     key = data.cache_key(data.key_inputs(task, cfg.training.seed)) + ("-static" if pad_to_max else "")
 
     def build() -> Any:
@@ -279,7 +284,7 @@ def _run_worker() -> int:
 
         model = model.to(torch.bfloat16)
     optimizers: tuple[Any, Any] = (None, None)
-    if plan.ipex:
+    if plan.optimizer_module:
         model, opt = optimize_for_backend(plan, model, make_optimizer(model, cfg))
         optimizers = (opt, None)
 
@@ -311,7 +316,11 @@ def _run_worker() -> int:
         )
 
     train_metrics: dict[str, Any] = {}
-    probe = compilecache.CacheProbe(compilecache.cache_root(os.environ, plan.name)) if precompile else None
+    probe = (
+        compilecache.CacheProbe(compilecache.cache_root(os.environ, plan.backend.compile_cache_var))
+        if precompile
+        else None
+    )
     if finished:
         assert resume_dir is not None
         log.info("training had finished at %s: resuming with the final steps (eval, model, predictions)", resume_dir)
@@ -333,9 +342,7 @@ def _run_worker() -> int:
             step=trainer.state.global_step,
             totalSteps=trainer.state.max_steps,
             complete=True,
-            cacheDir=os.environ.get("NEURON_COMPILE_CACHE_URL")
-            if plan.name == "neuron"
-            else os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+            cacheDir=os.environ.get(plan.backend.compile_cache_var),
             cache=probe.report(),
             time=utc_now(),
         )

@@ -230,7 +230,8 @@ def test_mpirun_override_and_missing_vars() -> None:
     assert launcher.mpirun_command(env, is_root=False, which=_which(set()))[0] == "/opt/ompi/bin/mpirun"
     with pytest.raises(launcher.LaunchError, match="FTJOB_HOSTFILE"):
         launcher.mpirun_command({"FTJOB_WORLD_SIZE": "2", "FTJOB_MPI_SLOTS_PER_NODE": "1"}, which=_which({"mpirun"}))
-    with pytest.raises(MissingStackError, match="finetune-operator/xeon"):
+    # MPICH ships in the cpu image (backends.py: each backend's MPI implementations), not in the xeon one
+    with pytest.raises(MissingStackError, match="use the finetune-operator/cpu image"):
         launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}, which=_which(set()))
 
 
