@@ -646,7 +646,7 @@ STATUS = _o(
         ),
         "progress": _free(
             "Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
-            "etaSeconds, metrics, summary."
+            "etaSeconds, metrics, summaryMetric (the task's headline metric), summary."
         ),
         "compileCache": _o(
             "What the precompile trial (compileCache.precompile) of the latest attempt found in the compile cache, "
