@@ -114,11 +114,9 @@ def _postfix(state: dict[str, Any]) -> str:
         parts.append(f"loss {state['loss']:.3g}")
     if isinstance(state.get("samplesPerSecond"), int | float):
         parts.append(f"{state['samplesPerSecond']:.3g} samples/s")
-    metrics = state.get("metrics") or {}
-    for key in ("accuracy", "f1", "exact_match"):
-        if isinstance(metrics.get(key), int | float):
-            parts.append(f"{key} {metrics[key]:.3g}")
-            break
+    headline = progress.summary_metric(state)
+    if headline:
+        parts.append(headline)
     return ", ".join(parts)
 
 

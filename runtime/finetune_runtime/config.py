@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune_runtime.tasks import task_types
+from finetune_runtime.task_types import task_types
 
-# The task types are the plugin modules under finetune_runtime/tasks/ (one module per type).
+# The task types are the plugin modules under finetune_runtime/tasks/ (one module per type), found by name: this
+# module imports no plugin (the plugins import it).
 TASK_TYPES = task_types()
 # datasets' packaged builders that task.dataset.dataFiles can name (task.dataset.format).
 DATA_FILE_FORMATS = ("json", "csv", "parquet")

@@ -36,9 +36,9 @@ from finetune_runtime.tokenization import load_tokenizer
 log = logging.getLogger("finetune_runtime")
 
 SAVE_TOTAL_LIMIT = 3  # checkpoints kept on the output volume (newest ones); bounds the PVC size a job needs
-# final model directories under FTJOB_OUTPUT_DIR, uploaded to FTJOB_OUTPUT_URL (model-merged: causal-lm with
-# task.lora.merge)
-MODEL_DIRS = ("model", "model-merged")
+# What the pipeline writes beside the task plugin's own outputs (plugin.outputs); all are uploaded to an S3 location.
+METRICS_FILE = "metrics.json"
+PREDICTIONS_FILE = "predictions.json"
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,6 @@ class Paths:
     @property
     def checkpoints(self) -> Path:
         return self.output / location.checkpoint_dir(self.uid)
-
-    @property
-    def model(self) -> Path:
-        return self.output / "model"
 
 
 def setup_logging(info: DistInfo) -> None:
@@ -294,6 +290,7 @@ def _run_worker() -> int:
         save_each_epoch=not precompile,
         uid=me.uid,
         on_checkpoint=sync.upload if sync is not None else None,
+        summary_metric=plugin.metrics[0],
     )
     common: dict[str, Any] = {
         "model": model,
@@ -355,7 +352,7 @@ def _run_worker() -> int:
         eval_metrics = trainer.evaluate()
     final = clean_metrics(eval_metrics)
     if trainer.is_world_process_zero():
-        plugin.save(trainer, tokenizer, paths.model, task)
+        plugin.save(trainer, tokenizer, paths.output, task)
         metrics_doc = {
             "eval": final,
             "train": clean_metrics(train_metrics, prefix="train_"),
@@ -369,16 +366,17 @@ def _run_worker() -> int:
             "resumedFrom": str(resume_dir) if resume_dir else None,
             "resumedFromUrl": point.url if point else None,
         }
-        (paths.output / "metrics.json").write_text(json.dumps(metrics_doc, indent=2, ensure_ascii=False) + "\n")
-        preds = plugin.predictions(paths.model, task, dsets)
-        (paths.output / "predictions.json").write_text(json.dumps(preds, indent=2, ensure_ascii=False) + "\n")
+        (paths.output / METRICS_FILE).write_text(json.dumps(metrics_doc, indent=2, ensure_ascii=False) + "\n")
+        preds = plugin.predictions(paths.output, task, dsets)
+        (paths.output / PREDICTIONS_FILE).write_text(json.dumps(preds, indent=2, ensure_ascii=False) + "\n")
         if isinstance(loc, s3sync.S3Location):
-            location.upload_outputs(paths.output, loc, [*MODEL_DIRS, "metrics.json", "predictions.json"])
+            location.upload_outputs(paths.output, loc, [*plugin.outputs, METRICS_FILE, PREDICTIONS_FILE])
         emitter.emit(
             "done",
             step=trainer.state.global_step,
             totalSteps=trainer.state.max_steps,
             metrics=final,
+            summaryMetric=plugin.metrics[0],
             outputDir=url or str(paths.output),
             time=utc_now(),
         )

@@ -194,6 +194,7 @@ def test_adapter_checkpoint_is_complete(tmp_path: Path) -> None:
 def _check_outputs(out: Path, done: dict[str, Any], evals: list[dict[str, Any]]) -> None:
     m = done["metrics"]
     assert set(m) >= {"loss", "perplexity"} and m["perplexity"] == pytest.approx(math.exp(m["loss"]), rel=1e-4)
+    assert done["summaryMetric"] == "perplexity" and all(e["summaryMetric"] == "perplexity" for e in evals)
     # It learns: the final eval loss is well below the first epoch's.
     assert m["loss"] < evals[0]["metrics"]["loss"] - 0.5, [e["metrics"] for e in evals]
     preds = json.loads((out / "predictions.json").read_text())

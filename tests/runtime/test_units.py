@@ -17,11 +17,12 @@ from conftest import DEMO_CONFIG, SQUAD_CONFIG
 from hypothesis import given
 from hypothesis import strategies as st
 
-from finetune_runtime import checkpoints, data, distenv, launcher, progress, squad
+from finetune_runtime import checkpoints, data, distenv, launcher, progress
 from finetune_runtime.backends import MissingStackError, plan_backend
 from finetune_runtime.config import ConfigError, JobConfig, TaskConfig, load_config
 from finetune_runtime.sshd import LAUNCHER_KEYS, install_keys, prepare_sshd, runtime_ssh_dir, sshd_config
 from finetune_runtime.tasks import text_classification
+from finetune_runtime.tasks.question_answering import squad
 from finetune_runtime.waitfor import Probe, check, wait_for
 
 # --- env mapping ------------------------------------------------------------------------------------------
