@@ -17,7 +17,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from finetune_runtime import checkpoints, compilecache, data, location, resume, s3sync, tasks
 from finetune_runtime.backends import (
@@ -28,10 +28,13 @@ from finetune_runtime.backends import (
     plan_backend,
     prepare_process,
 )
-from finetune_runtime.config import JobConfig, load_config
+from finetune_runtime.config import JobConfig, TaskConfig, load_config
 from finetune_runtime.distenv import DistInfo, apply_distributed_env
 from finetune_runtime.progress import ProgressEmitter, clean_metrics, utc_now
 from finetune_runtime.tokenization import load_tokenizer
+
+if TYPE_CHECKING:
+    from finetune_runtime.tasks.base import TaskPlugin
 
 log = logging.getLogger("finetune_runtime")
 
@@ -162,7 +165,57 @@ def _shutdown_process_group() -> None:
         dist.destroy_process_group()
 
 
+@dataclass(frozen=True)
+class Run:
+    """What every stage of one worker process reads: set up once by `start`."""
+
+    env: dict[str, str]
+    info: DistInfo
+    cfg: JobConfig
+    task: TaskConfig
+    me: location.Identity
+    paths: Paths
+    plan: BackendPlan
+    emitter: ProgressEmitter
+    precompile: bool  # FTJOB_MODE=precompile: a short trial that fills the compile cache, no model
+    precompile_steps: int
+
+    @property
+    def output_url(self) -> str | None:
+        return self.env.get("FTJOB_OUTPUT_URL")
+
+
 def _run_worker() -> int:
+    run = start()
+    if isinstance(run, int):
+        return run
+    quiet_libraries(run)
+    loc = job_location(run)
+    run_dir = run.paths.cache / "precompile-run" if run.precompile else run.paths.checkpoints
+    args = training_arguments(run.cfg, run.plan, run.info, run_dir, run.precompile, run.precompile_steps)
+    plugin = tasks.get(run.task.type)
+    tokenizer = load_tokenizer(run.task.tokenizer_name)
+    dsets = tokenised_dataset(run, args, plugin, tokenizer)
+    sync = checkpoint_sync(run, loc)
+    point, problem = resume_point(run, args, loc, sync)
+    if problem:
+        log.error("%s", problem)
+        return 2
+    trainer, callback = build_trainer(run, args, plugin, tokenizer, dsets, point, sync)
+    probe = None  # a precompile trial counts the compile cache before its first step
+    if run.precompile:
+        probe = compilecache.CacheProbe(compilecache.cache_root(os.environ, run.plan.backend.compile_cache_var))
+    train_metrics = train(run, trainer, point)
+    if probe is not None:
+        finish_precompile(run, trainer, run_dir, probe)
+    else:
+        finish(run, trainer, callback, plugin, tokenizer, dsets, loc, point, train_metrics)
+    return 0
+
+
+def start() -> Run | int:
+    """The launcher's env mapped, logging, config, identity, backend and caches; an exit code when the job
+    cannot run here (said before minutes of data preparation)."""
     info = apply_distributed_env()
     setup_logging(info)
     env = dict(os.environ)
@@ -170,9 +223,7 @@ def _run_worker() -> int:
     if cfg.task is None:
         log.error("config.json has no task (a bring-your-own command job): the runtime worker has nothing to do")
         return 2
-    task = cfg.task
     precompile = env.get("FTJOB_MODE", "train") == "precompile"
-    precompile_steps = int(env.get("FTJOB_PRECOMPILE_STEPS") or cfg.compile_cache.precompile_steps)
     me = location.Identity.from_env(env)
     paths = resolve_paths(env, me.uid)
     plan = plan_backend(backend_from_env(env), cfg.training.precision)
@@ -183,63 +234,87 @@ def _run_worker() -> int:
         if problem:  # before minutes of data preparation, not at the first forward pass
             log.error("%s", problem)
             return 2
-    emitter = ProgressEmitter(info.is_main)
+    run = Run(
+        env=env,
+        info=info,
+        cfg=cfg,
+        task=cfg.task,
+        me=me,
+        paths=paths,
+        plan=plan,
+        emitter=ProgressEmitter(info.is_main),
+        precompile=precompile,
+        precompile_steps=int(env.get("FTJOB_PRECOMPILE_STEPS") or cfg.compile_cache.precompile_steps),
+    )
     log.info(
-        "job %s/%s: %s on %s, rank %d of %d (%s), mode %s",
+        "job %s/%s (uid %s): %s on %s, rank %d of %d (%s), mode %s",
         cfg.namespace,
         cfg.job_name,
-        task.type,
+        me.uid,
+        run.task.type,
         plan.name,
         info.rank,
         info.world_size,
         info.source,
         "precompile" if precompile else "train",
     )
+    return run
 
-    if "OMP_NUM_THREADS" not in env:
+
+def quiet_libraries(run: Run) -> None:
+    """Threads, the libraries' logging and caches, the seed."""
+    if "OMP_NUM_THREADS" not in run.env:
         # mpirun (unlike torchrun) leaves OMP_NUM_THREADS unset: split the cores between the local ranks
         # instead of letting each rank start one thread per core.
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, info.local_world_size)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, run.info.local_world_size)))
     import datasets  # type: ignore[import-untyped,unused-ignore]
     import transformers
 
     transformers.logging.set_verbosity_warning()  # type: ignore[no-untyped-call,unused-ignore]
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call,unused-ignore]
-    # Our own cache (below) is the one that counts; datasets' per-map cache files would only duplicate it.
+    # Our own cache (data.py) is the one that counts; datasets' per-map cache files would only duplicate it.
     datasets.disable_caching()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
-    transformers.set_seed(cfg.training.seed)
+    transformers.set_seed(run.cfg.training.seed)
 
-    url = env.get("FTJOB_OUTPUT_URL")
-    # The job's location: an S3 prefix (output.url; /output is scratch), else /output itself (the claim's).
-    loc: location.Location = s3sync.location_from_url(url) if url else location.DirLocation(paths.output)
-    if info.is_main and not precompile:
-        for p in checkpoints.remove_incomplete(paths.checkpoints):
+
+def job_location(run: Run) -> location.Location:
+    """The job's location: an S3 prefix (output.url; /output is scratch), else /output itself (the claim's).
+    Global rank 0 of a training run clears partial checkpoints and takes the location over (location.py)."""
+    url = run.output_url
+    loc: location.Location = s3sync.location_from_url(url) if url else location.DirLocation(run.paths.output)
+    if run.info.is_main and not run.precompile:
+        for p in checkpoints.remove_incomplete(run.paths.checkpoints):
             log.info("removed incomplete checkpoint %s", p)
-        moved = location.take_over(loc, me)
+        moved = location.take_over(loc, run.me)
         if moved:
             log.info("%s held another job's final artefacts (%s): moved to %s/", loc, ", ".join(moved[1]), moved[0])
-    run_dir = paths.cache / "precompile-run" if precompile else paths.checkpoints
-    args = training_arguments(cfg, plan, info, run_dir, precompile, precompile_steps)
+    return loc
 
-    plugin = tasks.get(task.type)
-    from finetune_runtime.callbacks import ProgressCallback
 
-    tokenizer = load_tokenizer(task.tokenizer_name)
-    pad_to_max = plan.backend.static_shapes
-    key = data.cache_key(data.key_inputs(task, cfg.training.seed)) + ("-static" if pad_to_max else "")
+def checkpoint_sync(run: Run, loc: location.Location) -> s3sync.CheckpointSync | None:
+    """Checkpoints go to (and come back from) S3: /output dies with the pod when the output is a URL."""
+    if isinstance(loc, s3sync.S3Location) and not run.precompile:
+        return s3sync.CheckpointSync(loc, run.me.uid, SAVE_TOTAL_LIMIT)
+    return None
+
+
+def tokenised_dataset(run: Run, args: Any, plugin: TaskPlugin, tokenizer: Any) -> Any:
+    """The plugin's tokenised splits, from the dataset cache (global rank 0 builds it, the others wait)."""
+    task, seed, static = run.task, run.cfg.training.seed, run.plan.backend.static_shapes
+    key = data.cache_key(data.key_inputs(task, seed)) + ("-static" if static else "")
 
     def build() -> Any:
         raw = data.load_raw(task.dataset, cache_dir=os.environ.get("HF_DATASETS_CACHE"))
-        return plugin.build_dataset(raw, task, tokenizer, cfg.training.seed, pad_to_max)
+        return plugin.build_dataset(raw, task, tokenizer, seed, static)
 
     dsets, hit = data.load_or_build(
-        paths.cache / "datasets", key, build, lambda: args.main_process_first(desc="dataset preparation")
+        run.paths.cache / "datasets", key, build, lambda: args.main_process_first(desc="dataset preparation")
     )
-    if info.is_main:
+    if run.info.is_main:
         log.info(
             "tokenised dataset %s (%s): %d train / %d eval rows",
             key,
@@ -247,48 +322,57 @@ def _run_worker() -> int:
             len(dsets["train"]),
             len(dsets["validation"]),
         )
+    return dsets
 
-    # output.url: /output dies with the pod, so checkpoints go to (and come back from) the location's
-    # checkpoints/<uid>/.
-    sync = (
-        s3sync.CheckpointSync(loc, me.uid, SAVE_TOTAL_LIMIT)
-        if isinstance(loc, s3sync.S3Location) and not precompile
-        else None
-    )
+
+def resume_point(
+    run: Run, args: Any, loc: location.Location, sync: s3sync.CheckpointSync | None
+) -> tuple[resume.ResumePoint | None, str | None]:
+    """Where training starts: this job's newest complete checkpoint (restored from S3 first by each node's
+    local rank 0), else output.resumeFrom's; (None, None) for step 0, (None, why) when resumeFrom fails."""
+    if run.precompile:
+        return None, None
     restored: tuple[Path, str] | None = None
     if sync is not None:
         with args.main_process_first(desc="checkpoint download"):  # each node's local rank 0 downloads
-            if info.local_rank == 0:
-                restored = sync.restore(paths.checkpoints)
+            if run.info.local_rank == 0:
+                restored = sync.restore(run.paths.checkpoints)
         if restored is not None:
             log.info("downloaded checkpoint %s from %s", restored[0].name, restored[1])
-    point: resume.ResumePoint | None = None
-    if not precompile:
-        own = checkpoints.newest_complete(paths.checkpoints, me.uid)
-        if own is not None:
-            point = resume.ResumePoint(own, restored[1] if restored and restored[0] == own else None, own=True)
-        else:
-            point, problem = _resume_from(env, paths, info, args, loc, me)
-            if problem:
-                log.error("%s", problem)
-                return 2
-    resume_dir = point.path if point else None
+    own = checkpoints.newest_complete(run.paths.checkpoints, run.me.uid)
+    if own is not None:
+        return resume.ResumePoint(own, restored[1] if restored and restored[0] == own else None, own=True), None
+    return _resume_from(run, args, loc)
+
+
+def build_trainer(
+    run: Run,
+    args: Any,
+    plugin: TaskPlugin,
+    tokenizer: Any,
+    dsets: Any,
+    point: resume.ResumePoint | None,
+    sync: s3sync.CheckpointSync | None,
+) -> tuple[Any, Any]:
+    """The model (on the backend's precision path) and the plugin's Trainer with the shared progress callback."""
+    from finetune_runtime.callbacks import ProgressCallback
+
+    plan = run.plan
     finished = point is not None and point.finished
-    model = plugin.build_model(task, tokenizer, weights_from=resume_dir if finished else None)
+    model = plugin.build_model(run.task, tokenizer, weights_from=point.path if point and finished else None)
     if plan.cast_model_bf16:
         import torch
 
         model = model.to(torch.bfloat16)
     optimizers: tuple[Any, Any] = (None, None)
     if plan.optimizer_module:
-        model, opt = optimize_for_backend(plan, model, make_optimizer(model, cfg))
+        model, opt = optimize_for_backend(plan, model, make_optimizer(model, run.cfg))
         optimizers = (opt, None)
-
     callback = ProgressCallback(
-        emitter,
-        precompile,
-        save_each_epoch=not precompile,
-        uid=me.uid,
+        run.emitter,
+        run.precompile,
+        save_each_epoch=not run.precompile,
+        uid=run.me.uid,
         on_checkpoint=sync.upload if sync is not None else None,
         summary_metric=plugin.metrics[0],
     )
@@ -301,8 +385,8 @@ def _run_worker() -> int:
         "callbacks": [callback],
         "optimizers": optimizers,
     }
-    trainer = plugin.trainer(task, dsets, tokenizer, common)
-    if info.is_main:  # where the steps really run: the proof that a backend's device was taken up
+    trainer = plugin.trainer(run.task, dsets, tokenizer, common)
+    if run.info.is_main:  # where the steps really run: the proof that a backend's device was taken up
         import torch.distributed as dist
 
         log.info(
@@ -311,98 +395,108 @@ def _run_worker() -> int:
             "bf16 weights" if plan.cast_model_bf16 else "bf16 autocast" if args.bf16 else "fp32",
             dist.get_backend() if dist.is_initialized() else "none",
         )
+    return trainer, callback
 
-    train_metrics: dict[str, Any] = {}
-    probe = (
-        compilecache.CacheProbe(compilecache.cache_root(os.environ, plan.backend.compile_cache_var))
-        if precompile
-        else None
-    )
-    if finished:
-        assert resume_dir is not None
-        log.info("training had finished at %s: resuming with the final steps (eval, model, predictions)", resume_dir)
-        trainer.state.global_step = checkpoints.checkpoint_step(resume_dir) or 0
+
+def train(run: Run, trainer: Any, point: resume.ResumePoint | None) -> dict[str, Any]:
+    """trainer.train() from the resume point; a finished one of this job's skips straight to the final steps."""
+    if point is not None and point.finished:
+        log.info("training had finished at %s: resuming with the final steps (eval, model, predictions)", point.path)
+        trainer.state.global_step = checkpoints.checkpoint_step(point.path) or 0
         trainer.state.max_steps = trainer.state.global_step
-    else:
-        if point is not None:
-            source = f" (downloaded from {point.url})" if point.url else ""
-            log.info("resuming from %s%s%s", point.path, source, "" if point.own else " (output.resumeFrom)")
-        train_metrics = trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None).metrics
+        return {}
+    if point is not None:
+        source = f" (downloaded from {point.url})" if point.url else ""
+        log.info("resuming from %s%s%s", point.path, source, "" if point.own else " (output.resumeFrom)")
+    return dict(trainer.train(resume_from_checkpoint=str(point.path) if point else None).metrics)
 
-    if precompile:
-        if info.is_main:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        assert probe is not None
-        # The launcher relays this record to the pod's termination message, whence status.compileCache.
-        emitter.emit(
-            "precompile",
-            step=trainer.state.global_step,
-            totalSteps=trainer.state.max_steps,
-            complete=True,
-            cacheDir=os.environ.get(plan.backend.compile_cache_var),
-            cache=probe.report(),
-            time=utc_now(),
-        )
-        return 0
 
+def finish_precompile(run: Run, trainer: Any, run_dir: Path, probe: compilecache.CacheProbe) -> None:
+    """The trial's last line: the launcher relays it to the pod's termination message, whence
+    status.compileCache."""
+    if run.info.is_main:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    run.emitter.emit(
+        "precompile",
+        step=trainer.state.global_step,
+        totalSteps=trainer.state.max_steps,
+        complete=True,
+        cacheDir=os.environ.get(run.plan.backend.compile_cache_var),
+        cache=probe.report(),
+        time=utc_now(),
+    )
+
+
+def finish(
+    run: Run,
+    trainer: Any,
+    callback: Any,
+    plugin: TaskPlugin,
+    tokenizer: Any,
+    dsets: Any,
+    loc: location.Location,
+    point: resume.ResumePoint | None,
+    train_metrics: dict[str, Any],
+) -> None:
+    """Final eval; rank 0 writes the plugin's outputs, metrics.json and predictions.json into the location and
+    prints the `done` line."""
     # The epoch schedule usually evaluated the final step already; evaluate again only when it did not.
     if callback.last_eval is not None and callback.last_eval[0] == trainer.state.global_step:
         eval_metrics = callback.last_eval[1]
     else:
         eval_metrics = trainer.evaluate()
     final = clean_metrics(eval_metrics)
-    if trainer.is_world_process_zero():
-        plugin.save(trainer, tokenizer, paths.output, task)
-        metrics_doc = {
-            "eval": final,
-            "train": clean_metrics(train_metrics, prefix="train_"),
-            "globalStep": trainer.state.global_step,
-            "task": task.type,
-            "model": task.model,
-            "backend": plan.name,
-            "worldSize": info.world_size,
-            "trainRows": len(dsets["train"]),
-            "evalRows": len(dsets["validation"]),
-            "resumedFrom": str(resume_dir) if resume_dir else None,
-            "resumedFromUrl": point.url if point else None,
-        }
-        (paths.output / METRICS_FILE).write_text(json.dumps(metrics_doc, indent=2, ensure_ascii=False) + "\n")
-        preds = plugin.predictions(paths.output, task, dsets)
-        (paths.output / PREDICTIONS_FILE).write_text(json.dumps(preds, indent=2, ensure_ascii=False) + "\n")
-        if isinstance(loc, s3sync.S3Location):
-            location.upload_outputs(paths.output, loc, [*plugin.outputs, METRICS_FILE, PREDICTIONS_FILE])
-        emitter.emit(
-            "done",
-            step=trainer.state.global_step,
-            totalSteps=trainer.state.max_steps,
-            metrics=final,
-            summaryMetric=plugin.metrics[0],
-            outputDir=url or str(paths.output),
-            time=utc_now(),
-        )
-    return 0
+    if not trainer.is_world_process_zero():
+        return
+    out = run.paths.output
+    plugin.save(trainer, tokenizer, out, run.task)
+    metrics_doc = {
+        "eval": final,
+        "train": clean_metrics(train_metrics, prefix="train_"),
+        "globalStep": trainer.state.global_step,
+        "task": run.task.type,
+        "model": run.task.model,
+        "backend": run.plan.name,
+        "worldSize": run.info.world_size,
+        "trainRows": len(dsets["train"]),
+        "evalRows": len(dsets["validation"]),
+        "resumedFrom": str(point.path) if point else None,
+        "resumedFromUrl": point.url if point else None,
+    }
+    (out / METRICS_FILE).write_text(json.dumps(metrics_doc, indent=2, ensure_ascii=False) + "\n")
+    preds = plugin.predictions(out, run.task, dsets)
+    (out / PREDICTIONS_FILE).write_text(json.dumps(preds, indent=2, ensure_ascii=False) + "\n")
+    if isinstance(loc, s3sync.S3Location):
+        location.upload_outputs(out, loc, [*plugin.outputs, METRICS_FILE, PREDICTIONS_FILE])
+    run.emitter.emit(
+        "done",
+        step=trainer.state.global_step,
+        totalSteps=trainer.state.max_steps,
+        metrics=final,
+        summaryMetric=plugin.metrics[0],
+        outputDir=run.output_url or str(out),
+        time=utc_now(),
+    )
 
 
-def _resume_from(
-    env: dict[str, str], paths: Paths, info: DistInfo, args: Any, loc: location.Location, me: location.Identity
-) -> tuple[resume.ResumePoint | None, str | None]:
+def _resume_from(run: Run, args: Any, loc: location.Location) -> tuple[resume.ResumePoint | None, str | None]:
     """output.resumeFrom's checkpoint for a job without checkpoints of its own: (point, None), or (None, why
     not). Every rank passes the same barrier, so a failed download never leaves the others waiting."""
     point: resume.ResumePoint | None = None
     problem: str | None = None
     with args.main_process_first(desc="output.resumeFrom download"):
         try:
-            point = resume.resume_from(env, paths.output, downloader=info.local_rank == 0)
+            point = resume.resume_from(run.env, run.paths.output, downloader=run.info.local_rank == 0)
         except resume.ResumeError as e:
             problem = str(e)
-    if point is None and problem is None and info.is_main:
-        others = location.others_checkpoints(loc, me.uid)
+    if point is None and problem is None and run.info.is_main:
+        others = location.others_checkpoints(loc, run.me.uid)
         if others:
             log.info(
                 "starting from step 0: %s holds checkpoints of other jobs (%s), which this job (uid %s) does not "
                 "resume; output.resumeFrom can name them",
                 loc,
                 ", ".join(others),
-                me.uid,
+                run.me.uid,
             )
     return point, problem
