@@ -193,12 +193,14 @@ class TrainingConfig:
 @dataclass(frozen=True)
 class CompileCacheConfig:
     precompile: bool = False
-    precompile_steps: int = 16
+    # The trial's steps: the operator writes the schema's default into config.json (and FTJOB_PRECOMPILE_STEPS);
+    # a config written by hand that precompiles names them (train.py says so when neither does).
+    precompile_steps: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CompileCacheConfig:
         # url/claimName are the operator's business: the pod sees them as FTJOB_CACHE_DIR / NEURON_COMPILE_CACHE_URL.
-        return cls(precompile=bool(d.get("precompile", False)), precompile_steps=int(d.get("precompileSteps") or 16))
+        return cls(precompile=bool(d.get("precompile", False)), precompile_steps=_opt_int(d.get("precompileSteps")))
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,6 @@ FORWARD_NAMES = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
-DEFAULT_SSH_PORT = "2222"
 
 
 class LaunchError(RuntimeError):
@@ -72,8 +71,9 @@ def torchrun_command(env: Mapping[str, str], python: str = sys.executable) -> li
         env.get("FTJOB_NODE_RANK") or "0",
         "--master-addr",
         env.get("FTJOB_MASTER_ADDR") or "127.0.0.1",
-        "--master-port",
-        env.get("FTJOB_MASTER_PORT") or "29500",
+        # The operator chooses the port (its constants.MASTER_PORT; `ftjob run` a free one); by hand, torchrun's own
+        # default applies.
+        *(["--master-port", env["FTJOB_MASTER_PORT"]] if env.get("FTJOB_MASTER_PORT") else []),
         "-m",
         "finetune_runtime",
         "worker",
@@ -89,8 +89,7 @@ def launch_plan(
     cmd = torchrun_command(env, python)
     extra: dict[str, str] = {}
     if precompile:
-        extra["FTJOB_MODE"] = "precompile"
-        extra["FTJOB_PRECOMPILE_STEPS"] = env.get("FTJOB_PRECOMPILE_STEPS") or "16"
+        extra["FTJOB_MODE"] = "precompile"  # the steps: FTJOB_PRECOMPILE_STEPS, else the config's (train.py)
         backend = backends.get(backends.backend_from_env(env))
         if backend.precompile_wrapper:
             wrapper = which(backend.precompile_wrapper)  # type: ignore[operator]
@@ -278,7 +277,7 @@ def ssh_config(env: Mapping[str, str], hosts: list[str], ssh_dir: Path) -> str:
     Host keys are checked: the workers' names and host key come from the job's Secret (`known_hosts`, written by
     the operator), nothing is learnt on first use, and a host missing from it or with another key is refused.
     Without a Secret (`ftjob run`: one local node, no ssh) the file is absent and any ssh attempt fails."""
-    port = env.get("FTJOB_SSH_PORT") or DEFAULT_SSH_PORT
+    port = _need(env, "FTJOB_SSH_PORT")  # the workers' sshd port: the operator's constants.SSH_PORT
     lines = [
         f"# written by ftjob-runtime mpirun for: {' '.join(hosts) or 'no hosts'}",
         "Host *",

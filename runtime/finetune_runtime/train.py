@@ -224,6 +224,10 @@ def start() -> Run | int:
         log.error("config.json has no task (a bring-your-own command job): the runtime worker has nothing to do")
         return 2
     precompile = env.get("FTJOB_MODE", "train") == "precompile"
+    steps = env.get("FTJOB_PRECOMPILE_STEPS") or cfg.compile_cache.precompile_steps
+    if precompile and not steps:
+        log.error("a precompile trial needs its steps: FTJOB_PRECOMPILE_STEPS or compileCache.precompileSteps")
+        return 2
     me = location.Identity.from_env(env)
     paths = resolve_paths(env, me.uid)
     plan = plan_backend(backend_from_env(env), cfg.training.precision)
@@ -244,7 +248,7 @@ def start() -> Run | int:
         plan=plan,
         emitter=ProgressEmitter(info.is_main),
         precompile=precompile,
-        precompile_steps=int(env.get("FTJOB_PRECOMPILE_STEPS") or cfg.compile_cache.precompile_steps),
+        precompile_steps=int(steps or 0),
     )
     log.info(
         "job %s/%s (uid %s): %s on %s, rank %d of %d (%s), mode %s",

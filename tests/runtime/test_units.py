@@ -79,7 +79,14 @@ def test_torchrun_env_is_left_alone() -> None:
 def test_single_process_defaults() -> None:
     info = distenv.dist_info({})
     assert (info.rank, info.world_size, info.source) == (0, 1, "single")
-    assert distenv.distributed_env({})["MASTER_PORT"] == "29500"
+    # The port is the operator's to choose (constants.MASTER_PORT); the runtime invents none.
+    assert "MASTER_PORT" not in distenv.distributed_env({})
+
+
+def test_an_mpi_world_without_a_master_port_is_refused_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match="FTJOB_MASTER_PORT is not set: hydra started 2 ranks"):
+        distenv.dist_info({"PMI_RANK": "0", "PMI_SIZE": "2"})
+    assert distenv.dist_info({"PMI_RANK": "0", "PMI_SIZE": "1"}).world_size == 1
 
 
 @given(st.integers(0, 511), st.integers(1, 8))
@@ -221,7 +228,9 @@ def test_mpirun_ssh_launcher_flags(tmp_path: Path) -> None:
 
 
 def test_ssh_wrapper_uses_our_config(tmp_path: Path) -> None:
-    cfg = launcher.write_ssh_config({}, [], tmp_path / "my dir")
+    cfg = launcher.write_ssh_config({"FTJOB_SSH_PORT": "2222"}, [], tmp_path / "my dir")
+    with pytest.raises(launcher.LaunchError, match="FTJOB_SSH_PORT"):
+        launcher.write_ssh_config({}, [], tmp_path / "my dir")
     w = launcher.write_ssh_wrapper(cfg)
     assert w.read_text() == f"#!/bin/sh\nexec ssh -F '{cfg}' \"$@\"\n" and w.stat().st_mode & 0o700 == 0o700
 
@@ -286,7 +295,9 @@ def test_torchrun_launch_plan() -> None:
     ]
     assert extra == {}
     cmd, extra = launcher.launch_plan({**env, "FTJOB_PRECOMPILE_STEPS": "4"}, precompile=True, python="/py")
-    assert cmd[0] == "/py" and extra == {"FTJOB_MODE": "precompile", "FTJOB_PRECOMPILE_STEPS": "4"}
+    assert cmd[0] == "/py" and extra == {"FTJOB_MODE": "precompile"}  # the steps travel in the env as they are
+    del env["FTJOB_MASTER_PORT"]  # run by hand: torchrun's own default port
+    assert "--master-port" not in launcher.launch_plan(env, precompile=False, python="/py")[0]
 
 
 def test_neuron_precompile_wraps_in_neuron_parallel_compile() -> None:

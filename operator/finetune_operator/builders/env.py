@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import constants as c
+from ..api.schema import COMPILE_CACHE
 from .layout import Layout
 from .names import Names
 from .objects import job_uid
@@ -41,6 +42,10 @@ def resume_from_sub_path(output: dict[str, Any]) -> str | None:
     if not src.startswith("pvc://"):
         return None
     return src[len("pvc://") :].partition("/")[2].strip("/")
+
+
+# The schema's default (one home: api/schema.py); admission has applied it whenever spec.compileCache is given.
+PRECOMPILE_STEPS_DEFAULT = COMPILE_CACHE["properties"]["precompileSteps"]["default"]
 
 
 def thread_env(layout: Layout) -> dict[str, str]:
@@ -97,7 +102,7 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
             "FTJOB_MASTER_PORT": str(c.MASTER_PORT),
             "FTJOB_CACHE_DIR": c.CACHE_DIR,
             "FTJOB_OUTPUT_DIR": c.OUTPUT_DIR,  # the job's own directory of the claim (names.output_sub_path)
-            "FTJOB_PRECOMPILE_STEPS": str(cache.get("precompileSteps", 16)),
+            "FTJOB_PRECOMPILE_STEPS": str(cache.get("precompileSteps", PRECOMPILE_STEPS_DEFAULT)),
             "HF_HOME": f"{c.CACHE_DIR}/hf",
             "HOME": c.HOME_DIR,
         }
