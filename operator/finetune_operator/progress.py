@@ -89,10 +89,15 @@ def _duration(seconds: float) -> str:
 
 def summary_metric(p: dict[str, Any]) -> str | None:
     """'perplexity 3.2': the metric the runtime names as its task's headline (summaryMetric: the task plugin's
-    first metric), when the newest eval reported it."""
+    first metric), when the newest eval reported it. Lines without summaryMetric (a job's own command may print
+    progress lines) show the alphabetically first metric: the same one whatever order the object came in."""
+    metrics = {
+        k: v for k, v in (p.get("metrics") or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
     key = p.get("summaryMetric")
-    value = (p.get("metrics") or {}).get(key) if isinstance(key, str) else None
-    return f"{key} {value:.3g}" if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if not isinstance(key, str):
+        key = min(metrics, default=None)
+    return f"{key} {metrics[key]:.3g}" if key in metrics else None
 
 
 def summarize(p: dict[str, Any]) -> str:

@@ -277,11 +277,13 @@ def ssh_config(env: Mapping[str, str], hosts: list[str], ssh_dir: Path) -> str:
     Host keys are checked: the workers' names and host key come from the job's Secret (`known_hosts`, written by
     the operator), nothing is learnt on first use, and a host missing from it or with another key is refused.
     Without a Secret (`ftjob run`: one local node, no ssh) the file is absent and any ssh attempt fails."""
-    port = _need(env, "FTJOB_SSH_PORT")  # the workers' sshd port: the operator's constants.SSH_PORT
+    # The workers' sshd port (the operator's constants.SSH_PORT). A run by hand on one host reaches no worker over
+    # ssh: without the variable ssh keeps its own default port.
+    port = env.get("FTJOB_SSH_PORT")
     lines = [
         f"# written by ftjob-runtime mpirun for: {' '.join(hosts) or 'no hosts'}",
         "Host *",
-        f"  Port {port}",
+        *([f"  Port {port}"] if port else []),
         f"  IdentityFile {ssh_dir / 'id_ed25519'}",
         "  IdentitiesOnly yes",
         "  StrictHostKeyChecking yes",
