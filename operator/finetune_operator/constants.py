@@ -47,6 +47,7 @@ HOSTFILE: Final = f"{CONFIG_DIR}/hostfile"
 SSH_DIR: Final = f"{CONFIG_DIR}/ssh"
 CACHE_DIR: Final = "/cache"
 OUTPUT_DIR: Final = "/output"
+RESUME_FROM_DIR: Final = "/resume-from"  # a pvc:// output.resumeFrom, read-only (builders.pods, builders.env)
 HOME_DIR: Final = "/home/ftjob"
 MASTER_PORT: Final = 29500  # torch.distributed rendezvous (torchrun --master-port)
 SSH_PORT: Final = 2222  # sshd of MPI workers; >1024 because the images run it as non-root

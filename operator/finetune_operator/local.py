@@ -114,11 +114,9 @@ def _postfix(state: dict[str, Any]) -> str:
         parts.append(f"loss {state['loss']:.3g}")
     if isinstance(state.get("samplesPerSecond"), int | float):
         parts.append(f"{state['samplesPerSecond']:.3g} samples/s")
-    metrics = state.get("metrics") or {}
-    for key in ("accuracy", "f1", "exact_match"):
-        if isinstance(metrics.get(key), int | float):
-            parts.append(f"{key} {metrics[key]:.3g}")
-            break
+    headline = progress.summary_metric(state)
+    if headline:
+        parts.append(headline)
     return ", ".join(parts)
 
 
@@ -176,6 +174,14 @@ def local_env(
         }
     )
     env.pop("FTJOB_OUTPUT_URL", None)  # local runs keep results on disk
+    # No uid here (the pods get the job's): the runtime's own local uid lets a rerun in this workdir resume.
+    env.pop("FTJOB_JOB_UID", None)
+    if env.get("FTJOB_RESUME_FROM", "").startswith("/"):  # a pvc:// resumeFrom: no claim on this machine
+        print(
+            f"note: output.resumeFrom {out_cfg.get('resumeFrom')} is a claim's directory: not used here",
+            file=sys.stderr,
+        )
+        del env["FTJOB_RESUME_FROM"]
     # The images have the runtime's environment on PATH (torchrun, accelerate, ftjob-runtime): so does a local
     # run, when ftjob was started from a virtual environment that is not activated.
     env["PATH"] = local_path(os.environ.get("PATH", ""))

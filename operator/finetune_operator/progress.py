@@ -32,7 +32,18 @@ def _finite(value: Any) -> Any:
     return value
 
 
-_KEEP = ("event", "step", "totalSteps", "epoch", "loss", "samplesPerSecond", "etaSeconds", "learningRate", "time")
+_KEEP = (
+    "event",
+    "step",
+    "totalSteps",
+    "epoch",
+    "loss",
+    "samplesPerSecond",
+    "etaSeconds",
+    "learningRate",
+    "time",
+    "summaryMetric",
+)
 
 
 def parse_line(line: str) -> dict[str, Any] | None:
@@ -76,6 +87,19 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+def summary_metric(p: dict[str, Any]) -> str | None:
+    """'perplexity 3.2': the metric the runtime names as its task's headline (summaryMetric: the task plugin's
+    first metric), when the newest eval reported it. Lines without summaryMetric (a job's own command may print
+    progress lines) show the alphabetically first metric: the same one whatever order the object came in."""
+    metrics = {
+        k: v for k, v in (p.get("metrics") or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    key = p.get("summaryMetric")
+    if not isinstance(key, str):
+        key = min(metrics, default=None)
+    return f"{key} {metrics[key]:.3g}" if key in metrics else None
+
+
 def summarize(p: dict[str, Any]) -> str:
     """Short text for the printer column, e.g. '120/500 (24%) loss 0.41 ETA 1m36s'."""
     event = p.get("event")
@@ -87,11 +111,9 @@ def summarize(p: dict[str, Any]) -> str:
         parts.append(f"{step}/{total} ({100 * step // total}%)")
     if isinstance(p.get("loss"), int | float) and event != "done":
         parts.append(f"loss {p['loss']:.3g}")
-    metrics = p.get("metrics") or {}
-    for key in ("accuracy", "f1", "exact_match"):
-        if isinstance(metrics.get(key), int | float):
-            parts.append(f"{key} {metrics[key]:.3g}")
-            break
+    headline = summary_metric(p)
+    if headline:
+        parts.append(headline)
     if event == "done":
         parts.append("done")
     elif isinstance(p.get("etaSeconds"), int | float):

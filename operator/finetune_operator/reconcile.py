@@ -23,6 +23,7 @@ from typing import Any
 from . import cachereport, policy
 from . import constants as c
 from .builders import Layout, Names, Placement, SshKeys, desired, owner_reference, resolve
+from .builders.env import output_location
 from .conditions import FOREIGN_FIX, TERMINAL, iso, parse_time, set_condition
 from .kueue import finished_workload, pods_ready, queued
 
@@ -619,6 +620,8 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
         st["progress"] = observed.progress
     layout = resolve(job)
     st["worldSize"] = layout.world_size
+    if (location := output_location(job, Names.of(job, layout.launcher))) is not None:
+        st["output"] = {"location": location}  # the job's own directory of its claim or prefix of its URL
     pods, objects, foreign = owned(owner_reference(job)["uid"], observed)  # the uid its children carry
     report_foreign(st, foreign, observed.now)
     live = [pod for pod in pods if not _deleting(pod)]

@@ -31,10 +31,14 @@ class ProgressCallback(TrainerCallback):
         emitter: ProgressEmitter,
         precompile: bool,
         save_each_epoch: bool,
+        uid: str,
         on_checkpoint: Callable[[Path], str | None] | None = None,
+        summary_metric: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.emitter = emitter
+        self.uid = uid  # the job's: each checkpoint's marker records it (checkpoints.mark_complete)
+        self.summary_metric = summary_metric  # the task's headline metric (plugin.metrics[0]), named in eval lines
         self.on_checkpoint = on_checkpoint  # after the marker (rank 0): e.g. the S3 upload; returns a URL
         self.precompile = precompile
         self.save_each_epoch = save_each_epoch
@@ -90,6 +94,7 @@ class ProgressCallback(TrainerCallback):
             totalSteps=state.max_steps,
             epoch=round(float(state.epoch or 0), 4),
             metrics=clean_metrics(metrics or {}),
+            summaryMetric=self.summary_metric,
         )
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -97,7 +102,7 @@ class ProgressCallback(TrainerCallback):
         self.saved_at = self.clock()
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and ckpt.is_dir():
-            checkpoints.mark_complete(ckpt)
+            checkpoints.mark_complete(ckpt, self.uid)
             url = self.on_checkpoint(ckpt) if self.on_checkpoint else None
             self.emitter.emit(
                 "checkpoint",

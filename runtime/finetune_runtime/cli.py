@@ -71,7 +71,10 @@ def cmd_sshd(_: argparse.Namespace) -> int:
 def cmd_wait_for(ns: argparse.Namespace) -> int:
     from finetune_runtime.waitfor import Probe, split_host_port, wait_for
 
-    ssh_port = int(os.environ.get("FTJOB_SSH_PORT") or 2222)
+    ssh_port = int(os.environ.get("FTJOB_SSH_PORT") or 0)  # the workers' sshd (the operator sets it)
+    if not ssh_port and any(":" not in h for h in ns.ssh):
+        print("wait-for: --ssh HOST needs HOST:PORT, or FTJOB_SSH_PORT set", file=sys.stderr)
+        return 2
     probes = [Probe("dns", h) for h in ns.dns]
     probes += [Probe("ssh", *split_host_port(h, ssh_port)) for h in ns.ssh]
     probes += [Probe("tcp", *split_host_port(h, 0)) for h in ns.tcp]

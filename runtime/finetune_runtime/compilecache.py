@@ -37,9 +37,10 @@ def toolchain_problem() -> str | None:
     )
 
 
-def cache_root(env: Mapping[str, str], backend: str) -> Path | None:
-    """The local directory the trial compiles into; None for a remote cache (s3://)."""
-    where = env.get("NEURON_COMPILE_CACHE_URL") if backend == "neuron" else env.get("TORCHINDUCTOR_CACHE_DIR")
+def cache_root(env: Mapping[str, str], variable: str) -> Path | None:
+    """The local directory the trial compiles into (named by the backend's `compile_cache_var`); None for a remote
+    cache (s3://)."""
+    where = env.get(variable)
     if not where or "://" in where:
         return None
     return Path(where)

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune_runtime.tasks import task_types
+from finetune_runtime.task_types import task_types
 
-# The task types are the plugin modules under finetune_runtime/tasks/ (one module per type).
+# The task types are the plugin modules under finetune_runtime/tasks/ (one module per type), found by name: this
+# module imports no plugin (the plugins import it).
 TASK_TYPES = task_types()
 # datasets' packaged builders that task.dataset.dataFiles can name (task.dataset.format).
 DATA_FILE_FORMATS = ("json", "csv", "parquet")
@@ -192,12 +193,14 @@ class TrainingConfig:
 @dataclass(frozen=True)
 class CompileCacheConfig:
     precompile: bool = False
-    precompile_steps: int = 16
+    # The trial's steps: the operator writes the schema's default into config.json (and FTJOB_PRECOMPILE_STEPS);
+    # a config written by hand that precompiles names them (train.py says so when neither does).
+    precompile_steps: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CompileCacheConfig:
         # url/claimName are the operator's business: the pod sees them as FTJOB_CACHE_DIR / NEURON_COMPILE_CACHE_URL.
-        return cls(precompile=bool(d.get("precompile", False)), precompile_steps=int(d.get("precompileSteps") or 16))
+        return cls(precompile=bool(d.get("precompile", False)), precompile_steps=_opt_int(d.get("precompileSteps")))
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DEFAULT_MASTER_PORT = "29500"
-
 # (launcher, rank, size, local rank, local size): the first launcher whose rank variable is present wins.
 _MPI_FLAVOURS: tuple[tuple[str, str, str, str, str], ...] = (
     (
@@ -65,8 +63,10 @@ def distributed_env(env: Mapping[str, str]) -> dict[str, str]:
                 break
     if "MASTER_ADDR" not in env:
         out["MASTER_ADDR"] = env.get("FTJOB_MASTER_ADDR") or "127.0.0.1"
-    if "MASTER_PORT" not in env:
-        out["MASTER_PORT"] = env.get("FTJOB_MASTER_PORT") or DEFAULT_MASTER_PORT
+    if "MASTER_PORT" not in env and env.get("FTJOB_MASTER_PORT"):
+        # The operator chooses the port (constants.MASTER_PORT; `ftjob run` a free one). Under torchrun it set
+        # MASTER_PORT already; under mpirun a world of several ranks needs it (checked by `dist_info`).
+        out["MASTER_PORT"] = env["FTJOB_MASTER_PORT"]
     return out
 
 
@@ -81,6 +81,11 @@ def dist_info(env: Mapping[str, str]) -> DistInfo:
             source = name
             break
     world = int(merged.get("WORLD_SIZE", "1"))
+    if world > 1 and "MASTER_PORT" not in merged:
+        raise ValueError(
+            f"FTJOB_MASTER_PORT is not set: {source} started {world} ranks, and torch.distributed needs the rank-0 "
+            "port (the operator and `ftjob run` set it)"
+        )
     return DistInfo(
         rank=int(merged["RANK"]),
         world_size=world,

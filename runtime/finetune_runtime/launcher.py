@@ -13,16 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune_runtime.backends import IMAGES, MissingStackError
+from finetune_runtime import backends
+from finetune_runtime.backends import MissingStackError
 
 # Variables mpirun must carry to the ranks on other hosts (OpenMPI forwards only what `-x` names; Hydra's
-# -genvall forwards everything). Prefixes cover the vendor variables the operator derives from the profile.
-FORWARD_PREFIXES = (
+# -genvall forwards everything), and the ones the workers' sshd accepts (sshd.py). Prefixes cover the variables
+# the operator derives from the profile: these, common to every backend, and each backend's own (backends.py).
+COMMON_FORWARD_PREFIXES = (
     "FTJOB_",
-    "NEURON_",
     "FI_",
-    "CCL_",
-    "I_MPI_",
     "OMP_",
     "KMP_",
     "MALLOC_",
@@ -30,12 +29,10 @@ FORWARD_PREFIXES = (
     "TORCH",
     "TRANSFORMERS_",
     "PYTORCH_",
-    "XLA_",
-    "NCCL_",
-    "CUDA_",
     "ONEDNN_",
     "DNNL_",
 )
+FORWARD_PREFIXES = COMMON_FORWARD_PREFIXES + tuple(p for b in backends.BACKENDS.values() for p in b.env_prefixes)
 FORWARD_NAMES = (
     "PATH",
     "LD_LIBRARY_PATH",
@@ -48,7 +45,6 @@ FORWARD_NAMES = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
-DEFAULT_SSH_PORT = "2222"
 
 
 class LaunchError(RuntimeError):
@@ -75,8 +71,9 @@ def torchrun_command(env: Mapping[str, str], python: str = sys.executable) -> li
         env.get("FTJOB_NODE_RANK") or "0",
         "--master-addr",
         env.get("FTJOB_MASTER_ADDR") or "127.0.0.1",
-        "--master-port",
-        env.get("FTJOB_MASTER_PORT") or "29500",
+        # The operator chooses the port (its constants.MASTER_PORT; `ftjob run` a free one); by hand, torchrun's own
+        # default applies.
+        *(["--master-port", env["FTJOB_MASTER_PORT"]] if env.get("FTJOB_MASTER_PORT") else []),
         "-m",
         "finetune_runtime",
         "worker",
@@ -86,22 +83,22 @@ def torchrun_command(env: Mapping[str, str], python: str = sys.executable) -> li
 def launch_plan(
     env: Mapping[str, str], precompile: bool, python: str = sys.executable, which: object = shutil.which
 ) -> tuple[list[str], dict[str, str]]:
-    """(argv, extra env) for `launch`. On Neuron, --precompile wraps torchrun in neuron_parallel_compile,
-    which runs a short trial to extract graphs and compiles them into NEURON_COMPILE_CACHE_URL; elsewhere the
-    same trial with FTJOB_MODE=precompile warms the torch.compile cache."""
+    """(argv, extra env) for `launch`. --precompile runs a short trial with FTJOB_MODE=precompile that warms the
+    compile cache; where the backend has a precompile wrapper (Neuron: neuron_parallel_compile, which extracts the
+    trial's graphs and compiles them into NEURON_COMPILE_CACHE_URL) torchrun runs under it."""
     cmd = torchrun_command(env, python)
     extra: dict[str, str] = {}
     if precompile:
-        extra["FTJOB_MODE"] = "precompile"
-        extra["FTJOB_PRECOMPILE_STEPS"] = env.get("FTJOB_PRECOMPILE_STEPS") or "16"
-        if (env.get("FTJOB_BACKEND") or "cpu") == "neuron":
-            npc = which("neuron_parallel_compile")  # type: ignore[operator]
-            if not npc:
+        extra["FTJOB_MODE"] = "precompile"  # the steps: FTJOB_PRECOMPILE_STEPS, else the config's (train.py)
+        backend = backends.get(backends.backend_from_env(env))
+        if backend.precompile_wrapper:
+            wrapper = which(backend.precompile_wrapper)  # type: ignore[operator]
+            if not wrapper:
                 raise MissingStackError(
-                    "neuron_parallel_compile is not on PATH; precompiling for Neuron needs "
-                    f"the {IMAGES['neuron']} image"
+                    f"{backend.precompile_wrapper} is not on PATH; precompiling for {backend.name} needs the "
+                    f"{backend.image} image"
                 )
-            cmd = [str(npc), *cmd]
+            cmd = [str(wrapper), *cmd]
     return cmd, extra
 
 
@@ -142,8 +139,8 @@ def is_intel_mpi(binary: str) -> bool:
 def default_mpirun(impl: str, which: object = shutil.which, env: Mapping[str, str] | None = None) -> str:
     """Debian installs mpirun.mpich and mpirun.openmpi side by side; plain `mpirun` is whichever the
     alternatives system picked (OpenMPI when both are present), so prefer the implementation's own name.
-    Intel MPI: `$I_MPI_ROOT/bin/mpirun` (oneAPI's setvars.sh sets I_MPI_ROOT; the xeon images set it to their
-    venv, where the impi-rt wheel puts Intel MPI), else an Intel `mpirun` on PATH; never another MPI's."""
+    Intel MPI: `$I_MPI_ROOT/bin/mpirun` (oneAPI's setvars.sh sets I_MPI_ROOT; the images with Intel MPI set it to
+    their venv, where the impi-rt wheel puts Intel MPI), else an Intel `mpirun` on PATH; never another MPI's."""
     if impl == "intel":
         root = (env or {}).get("I_MPI_ROOT")
         tried = []
@@ -158,7 +155,7 @@ def default_mpirun(impl: str, which: object = shutil.which, env: Mapping[str, st
             if found and is_intel_mpi(str(found)):
                 return str(found)
         raise MissingStackError(
-            f"no Intel MPI mpirun (tried {', '.join(tried)}); use the {IMAGES['xeon']} image, "
+            f"no Intel MPI mpirun (tried {', '.join(tried)}); use {_images(impl)}, "
             "or set I_MPI_ROOT to an Intel MPI installation (oneAPI's setvars.sh, or the "
             "prefix the impi-rt wheel was installed into) or FTJOB_MPIRUN to its mpirun"
         )
@@ -167,9 +164,14 @@ def default_mpirun(impl: str, which: object = shutil.which, env: Mapping[str, st
         if which(n):  # type: ignore[operator]
             return n
     raise MissingStackError(
-        f"no mpirun for {impl} on PATH (tried {', '.join(names)}); use the "
-        f"{IMAGES['xeon']} image or install the MPI implementation"
+        f"no mpirun for {impl} on PATH (tried {', '.join(names)}); use {_images(impl)} or install the MPI "
+        "implementation"
     )
+
+
+def _images(implementation: str) -> str:
+    images = backends.images_with_mpi(implementation)
+    return f"the {' or '.join(images)} image" if images else "an image that has it"
 
 
 def intel_mpi_env(binary: str, env: Mapping[str, str], which: object = shutil.which) -> dict[str, str]:
@@ -275,11 +277,13 @@ def ssh_config(env: Mapping[str, str], hosts: list[str], ssh_dir: Path) -> str:
     Host keys are checked: the workers' names and host key come from the job's Secret (`known_hosts`, written by
     the operator), nothing is learnt on first use, and a host missing from it or with another key is refused.
     Without a Secret (`ftjob run`: one local node, no ssh) the file is absent and any ssh attempt fails."""
-    port = env.get("FTJOB_SSH_PORT") or DEFAULT_SSH_PORT
+    # The workers' sshd port (the operator's constants.SSH_PORT). A run by hand on one host reaches no worker over
+    # ssh: without the variable ssh keeps its own default port.
+    port = env.get("FTJOB_SSH_PORT")
     lines = [
         f"# written by ftjob-runtime mpirun for: {' '.join(hosts) or 'no hosts'}",
         "Host *",
-        f"  Port {port}",
+        *([f"  Port {port}"] if port else []),
         f"  IdentityFile {ssh_dir / 'id_ed25519'}",
         "  IdentitiesOnly yes",
         "  StrictHostKeyChecking yes",

@@ -8,22 +8,10 @@ import os
 import platform
 from typing import Any
 
-from finetune_runtime.backends import MissingStackError, backend_from_env, plan_backend
+from finetune_runtime.backends import BACKENDS, MissingStackError, backend_from_env, get, plan_backend
 
-PACKAGES = (
-    "torch",
-    "transformers",
-    "datasets",
-    "accelerate",
-    "fugashi",
-    "unidic-lite",
-    "numpy",
-    "torch-neuronx",
-    "torch-xla",
-    "intel-extension-for-pytorch",
-    "oneccl-bind-pt",
-    "boto3",
-)
+COMMON_PACKAGES = ("torch", "transformers", "datasets", "accelerate", "fugashi", "unidic-lite", "numpy", "boto3")
+PACKAGES = COMMON_PACKAGES + tuple(p for b in BACKENDS.values() for p in b.packages)
 SAMPLE = "この掃除機は音が静かで、とても使いやすいです。"
 
 
@@ -52,9 +40,11 @@ def run_selfcheck() -> tuple[bool, dict[str, Any]]:
     report["torch"] = {
         "cuda": torch.cuda.is_available(),
         "threads": torch.get_num_threads(),
-        "bf16_cpu": bool(getattr(torch.backends, "mkldnn", None) and torch.backends.mkldnn.is_available()),
-    }  # type: ignore[no-untyped-call,unused-ignore]
-    if backend != "neuron":  # Neuron compiles with neuronx-cc, not torch.compile
+        "bf16_cpu": bool(
+            getattr(torch.backends, "mkldnn", None) and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call,unused-ignore]
+        ),
+    }
+    if get(backend).torch_compile:  # Neuron compiles with neuronx-cc, not torch.compile
         from finetune_runtime.compilecache import toolchain_problem
 
         problem = toolchain_problem()

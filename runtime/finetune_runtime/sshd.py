@@ -14,6 +14,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from finetune_runtime.launcher import FORWARD_PREFIXES, LaunchError
+
 log = logging.getLogger("finetune_runtime")
 
 DEFAULT_SECRET_DIR = "/etc/ftjob/ssh"
@@ -73,7 +75,7 @@ def sshd_config(ssh_dir: Path, port: str, strict_modes: bool = True) -> str:
                 f"StrictModes {'yes' if strict_modes else 'no'}",
                 "PermitUserEnvironment no",
                 "PrintMotd no",
-                "AcceptEnv FTJOB_* OMP_* KMP_* CCL_* FI_* NEURON_* I_MPI_*",
+                "AcceptEnv " + " ".join(f"{p}*" for p in FORWARD_PREFIXES),
                 "LogLevel INFO",
             ]
         )
@@ -111,11 +113,14 @@ def secure_parent(ssh_dir: Path) -> bool:
 
 
 def prepare_sshd(env: Mapping[str, str]) -> list[str]:
+    port = env.get("FTJOB_SSH_PORT")  # the operator's constants.SSH_PORT (non-root: above 1024)
+    if not port:
+        raise LaunchError("FTJOB_SSH_PORT is not set: the port sshd listens on (the operator sets it)")
     secret = Path(env.get("FTJOB_SSH_SECRET_DIR") or DEFAULT_SECRET_DIR)
     d = install_keys(secret, runtime_ssh_dir(env), required=WORKER_KEYS)
     strict = secure_parent(d)
     argv, cfg = sshd_plan(d)
-    cfg.write_text(sshd_config(d, env.get("FTJOB_SSH_PORT") or "2222", strict_modes=strict), encoding="utf-8")
+    cfg.write_text(sshd_config(d, port, strict_modes=strict), encoding="utf-8")
     os.chmod(cfg, 0o600)
     ensure_privsep_dir()
     return argv

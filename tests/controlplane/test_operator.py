@@ -33,6 +33,7 @@ from operator_support import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from finetune_operator.admission import validate
 from finetune_operator.k8s import Kube
 from finetune_operator.pacing import ERROR_BACKOFF_S
 from finetune_runtime.progress import format_line
@@ -107,6 +108,20 @@ def test_api_server_rejects_bad_spec_naming_field(case: BadSpec, crd: None, kube
     r = kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(bad_job(case)), check=False)
     assert r.returncode != 0, f"{case.id} was accepted"
     assert case.field in r.stderr, f"{case.id}: {case.field} not named in: {r.stderr}"
+
+
+def test_api_server_accepts_resume_from_of_the_outputs_kind(crd: None, kubectl: Any, namespace: str) -> None:
+    """output.resumeFrom: an s3:// URL with output.url, a pvc:// directory of the output claim with claimName."""
+    for i, output in enumerate(
+        [
+            {"url": "s3://b/shared", "resumeFrom": "s3://b/shared/team/old/"},
+            {"claimName": "results", "resumeFrom": "pvc://results/out/team/old/checkpoints"},
+            {"claimName": "results", "resumeFrom": "pvc://results"},
+        ]
+    ):
+        job = make_job(f"resume-{i}").classification().set("spec.output", output).build()
+        validate(copy.deepcopy(job))  # what ftjob render accepts, the API server accepts
+        kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=job_yaml(job))
 
 
 def test_render_and_api_server_accept_the_same_samples(crd: None, kubectl: Any, namespace: str) -> None:

@@ -48,9 +48,9 @@ def test_rank_killed_after_checkpoint_restarts_group_and_resumes(
 ) -> None:
     ns, host = job_namespace
     kubectl("-n", ns, "apply", "-f", str(JOBS / "ja-resume.yaml"))
-    checkpoints = host / "ja-resume" / ns / "ja-resume" / "checkpoints"
+    checkpoints = host / "ja-resume" / ns / "ja-resume" / "checkpoints"  # checkpoints/<job uid>/checkpoint-<step>
     wait_for(
-        lambda: checkpoints.is_dir() and any(checkpoints.iterdir()),
+        lambda: any(checkpoints.glob("*/checkpoint-*")),
         timeout=JOB_TIMEOUT,
         interval=1.0,
         message="a first checkpoint in the output volume",

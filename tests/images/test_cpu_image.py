@@ -201,7 +201,7 @@ def test_two_rank_training(docker: Docker, image: str, tmp_path: Path) -> None:
     assert list(model.glob("*.safetensors")) or list(model.glob("*.bin"))
     assert (model / "vocab.txt").is_file()  # the tokenizer travels with the model
     # Both ranks took part: HF Trainer checkpoints carry one RNG state per process.
-    checkpoint = job_out / "checkpoints" / "checkpoint-6"
+    checkpoint = job_out / "checkpoints" / "local" / "checkpoint-6"  # no FTJOB_JOB_UID: the runtime's local uid
     assert sorted(p.name for p in checkpoint.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
     metrics = (job_out / "metrics.json").read_text(encoding="utf-8")
     assert '"accuracy"' in metrics, metrics  # eval metrics of the text-classification task
@@ -298,6 +298,6 @@ def test_mpi_launcher_and_two_ssh_workers(docker: Docker, image: str, tmp_path: 
         json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("FTJOB_PROGRESS ")
     ]
     assert progress and progress[-1]["event"] == "done" and progress[-1]["step"] == 4, proc.stdout[-3000:]
-    checkpoint = out_dir / "mpi-smoke" / "checkpoints" / "checkpoint-4"
+    checkpoint = out_dir / "mpi-smoke" / "checkpoints" / "local" / "checkpoint-4"  # no FTJOB_JOB_UID set
     assert sorted(p.name for p in checkpoint.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
     assert (out_dir / "mpi-smoke" / "model" / "config.json").is_file()

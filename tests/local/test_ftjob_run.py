@@ -45,6 +45,7 @@ def test_local_env_is_the_pod_env_with_local_paths(tmp_path: Path) -> None:
         "FTJOB_NAMESPACE",
         "FTJOB_JOB_NAME",
         "FTJOB_SSH_DIR",
+        "FTJOB_JOB_UID",
     }
     same = {k for k in pod_env if k not in local_only}
     assert {k: env[k] for k in same} == {k: pod_env[k] for k in same}
@@ -52,6 +53,7 @@ def test_local_env_is_the_pod_env_with_local_paths(tmp_path: Path) -> None:
     assert env["FTJOB_OUTPUT_DIR"] == str((tmp_path / "output" / "demo-ja").resolve())
     assert env["FTJOB_SSH_DIR"] == str((tmp_path / "ssh").resolve())  # never the user's ~/.ssh
     assert "FTJOB_SSH_DIR" not in pod_env  # pods keep the image user's ~/.ssh
+    assert "FTJOB_JOB_UID" in pod_env and "FTJOB_JOB_UID" not in env  # local runs: the runtime's own uid
 
 
 def test_local_mpi_hostfile_matches_implementation(tmp_path: Path) -> None:
@@ -99,6 +101,7 @@ def test_demo_job_trains_two_ranks_with_torchrun(tmp_path: Path) -> None:
     assert prog["step"] == prog["totalSteps"] == metrics["globalStep"]
     assert prog["metrics"]["accuracy"] == metrics["eval"]["accuracy"]
     assert prog["summary"].endswith("done") and f"{prog['step']}/{prog['totalSteps']} (100%)" in prog["summary"]
+    assert f"accuracy {metrics['eval']['accuracy']:.3g}" in prog["summary"]  # the task's summaryMetric
 
 
 @pytest.mark.slow

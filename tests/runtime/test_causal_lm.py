@@ -174,16 +174,18 @@ def test_lora_samples_config_parses_in_the_runtime(sample: str) -> None:
 
 
 def test_adapter_checkpoint_is_complete(tmp_path: Path) -> None:
-    """A LoRA run's checkpoints hold adapter weights only; they must count as resumable, not be deleted."""
+    """A LoRA run's checkpoints hold adapter weights only; they must count as resumable, not be deleted, and
+    losing the adapter makes them incomplete."""
     from finetune_runtime import checkpoints
 
     ckpt = tmp_path / "checkpoint-7"
     ckpt.mkdir()
     (ckpt / "trainer_state.json").write_text('{"global_step": 7, "max_steps": 7}')
-    checkpoints.mark_complete(ckpt)
-    assert not checkpoints.is_complete(ckpt)
     (ckpt / "adapter_model.safetensors").write_bytes(b"x")
-    assert checkpoints.newest_complete(tmp_path) == ckpt and checkpoints.finished_training(ckpt)
+    checkpoints.mark_complete(ckpt, "u")
+    assert checkpoints.newest_complete(tmp_path, "u") == ckpt and checkpoints.finished_training(ckpt)
+    (ckpt / "adapter_model.safetensors").unlink()
+    assert not checkpoints.is_complete(ckpt)
 
 
 # --- real trainings ---------------------------------------------------------------------------------------
@@ -192,6 +194,7 @@ def test_adapter_checkpoint_is_complete(tmp_path: Path) -> None:
 def _check_outputs(out: Path, done: dict[str, Any], evals: list[dict[str, Any]]) -> None:
     m = done["metrics"]
     assert set(m) >= {"loss", "perplexity"} and m["perplexity"] == pytest.approx(math.exp(m["loss"]), rel=1e-4)
+    assert done["summaryMetric"] == "perplexity" and all(e["summaryMetric"] == "perplexity" for e in evals)
     # It learns: the final eval loss is well below the first epoch's.
     assert m["loss"] < evals[0]["metrics"]["loss"] - 0.5, [e["metrics"] for e in evals]
     preds = json.loads((out / "predictions.json").read_text())

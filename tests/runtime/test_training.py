@@ -23,7 +23,7 @@ from conftest import (
 )
 from tierdeps import MPI_IMPLEMENTATIONS, mpi_env
 
-from finetune_runtime import checkpoints
+from finetune_runtime import checkpoints, location
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +103,54 @@ def test_question_answering_torchrun_two_ranks(tmp_path: Path) -> None:
     assert tok.tokenize("When was it built?") == ["when", "was", "it", "built", "?"]
 
 
+def test_a_job_recreated_on_its_claim_directory_starts_fresh_and_loses_nothing(tmp_path: Path) -> None:
+    """The output claim: a job deleted and created again under its name (new uid) mounts the same directory. It
+    does not resume its predecessor's checkpoints, and moves the predecessor's model aside instead of overwriting
+    it; a third job resumes from that directory because its spec says so (output.resumeFrom, mounted read-only)."""
+    cfg = (
+        job_config(DEMO_CONFIG)
+        .training(maxSteps=4, epochs=100, checkpointEverySteps=2, logEverySteps=1, batchSizePerDevice=8)
+        .write(tmp_path / "config.json")
+    )
+    old, new = "10000000-0000-4000-8000-000000000001", "20000000-0000-4000-8000-000000000002"
+    first = run_runtime(["launch"], runtime_env(tmp_path, cfg, FTJOB_JOB_UID=old), tmp_path)
+    assert first.rc == 0, first.out[-4000:]
+    out = first.output_dir
+
+    def files(d: Path) -> dict[Path, bytes]:
+        return {p.relative_to(d): p.read_bytes() for p in d.rglob("*") if p.is_file()}
+
+    old_checkpoints = files(out / "checkpoints")
+    old_model = (out / "model" / "model.safetensors").read_bytes()
+
+    second = run_runtime(["launch"], runtime_env(tmp_path, cfg, FTJOB_JOB_UID=new), tmp_path)
+    assert second.rc == 0, second.out[-4000:]
+    assert second.events("train") and second.events("train")[0]["step"] == 1, "a new job of an old name starts fresh"
+    assert json.loads((out / "metrics.json").read_text())["resumedFrom"] is None
+    now = files(out / "checkpoints")
+    assert {k: now.get(k) for k in old_checkpoints} == old_checkpoints, "the old job's checkpoints are untouched"
+    assert (out / "previous" / old / "model" / "model.safetensors").read_bytes() == old_model
+    assert json.loads((out / "job.json").read_text())["uid"] == new
+    old_ckpt = out / "checkpoints" / old / "checkpoint-4"
+    assert checkpoints.newest_complete(old_ckpt.parent, old) == old_ckpt
+    assert checkpoints.newest_complete(out / "checkpoints" / new, new) is not None
+
+    third_dir = tmp_path / "third"
+    third_dir.mkdir()
+    cfg3 = job_config(DEMO_CONFIG).training(maxSteps=6, epochs=100, checkpointEverySteps=2, logEverySteps=1)
+    env3 = runtime_env(
+        third_dir,
+        cfg3.training(batchSizePerDevice=8).write(third_dir / "config.json"),
+        FTJOB_JOB_UID="30000000-0000-4000-8000-000000000003",
+        FTJOB_RESUME_FROM=str(out / "checkpoints" / old),
+    )
+    env3["FTJOB_CACHE_DIR"] = str(tmp_path / "cache")
+    third = run_runtime(["launch"], env3, third_dir)
+    assert third.rc == 0, third.out[-4000:]
+    assert third.events("train")[0]["step"] == 5, "output.resumeFrom: continues the old job's step 4"
+    assert json.loads((third.output_dir / "metrics.json").read_text())["resumedFrom"] == str(old_ckpt)
+
+
 def test_killed_run_resumes_from_newest_complete_checkpoint(tmp_path: Path, popen_group) -> None:  # type: ignore[no-untyped-def]
     cfg = (
         job_config(DEMO_CONFIG)
@@ -110,7 +158,7 @@ def test_killed_run_resumes_from_newest_complete_checkpoint(tmp_path: Path, pope
         .write(tmp_path / "config.json")
     )
     env = runtime_env(tmp_path, cfg)
-    ckpt_root = tmp_path / "output" / "checkpoints"
+    ckpt_root = tmp_path / "output" / location.checkpoint_dir(location.LOCAL_UID)  # no FTJOB_JOB_UID: a hand run
     with (tmp_path / "first.log").open("w") as log:
         proc = popen_group(runtime_argv("launch"), env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
         poll(

@@ -17,11 +17,12 @@ from conftest import DEMO_CONFIG, SQUAD_CONFIG
 from hypothesis import given
 from hypothesis import strategies as st
 
-from finetune_runtime import checkpoints, data, distenv, launcher, progress, squad
+from finetune_runtime import checkpoints, data, distenv, launcher, progress
 from finetune_runtime.backends import MissingStackError, plan_backend
 from finetune_runtime.config import ConfigError, JobConfig, TaskConfig, load_config
 from finetune_runtime.sshd import LAUNCHER_KEYS, install_keys, prepare_sshd, runtime_ssh_dir, sshd_config
 from finetune_runtime.tasks import text_classification
+from finetune_runtime.tasks.question_answering import squad
 from finetune_runtime.waitfor import Probe, check, wait_for
 
 # --- env mapping ------------------------------------------------------------------------------------------
@@ -78,7 +79,14 @@ def test_torchrun_env_is_left_alone() -> None:
 def test_single_process_defaults() -> None:
     info = distenv.dist_info({})
     assert (info.rank, info.world_size, info.source) == (0, 1, "single")
-    assert distenv.distributed_env({})["MASTER_PORT"] == "29500"
+    # The port is the operator's to choose (constants.MASTER_PORT); the runtime invents none.
+    assert "MASTER_PORT" not in distenv.distributed_env({})
+
+
+def test_an_mpi_world_without_a_master_port_is_refused_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match="FTJOB_MASTER_PORT is not set: hydra started 2 ranks"):
+        distenv.dist_info({"PMI_RANK": "0", "PMI_SIZE": "2"})
+    assert distenv.dist_info({"PMI_RANK": "0", "PMI_SIZE": "1"}).world_size == 1
 
 
 @given(st.integers(0, 511), st.integers(1, 8))
@@ -220,7 +228,8 @@ def test_mpirun_ssh_launcher_flags(tmp_path: Path) -> None:
 
 
 def test_ssh_wrapper_uses_our_config(tmp_path: Path) -> None:
-    cfg = launcher.write_ssh_config({}, [], tmp_path / "my dir")
+    cfg = launcher.write_ssh_config({"FTJOB_SSH_PORT": "2222"}, [], tmp_path / "my dir")
+    assert "Port" not in launcher.ssh_config({}, [], tmp_path), "no port invented: ssh's own default"
     w = launcher.write_ssh_wrapper(cfg)
     assert w.read_text() == f"#!/bin/sh\nexec ssh -F '{cfg}' \"$@\"\n" and w.stat().st_mode & 0o700 == 0o700
 
@@ -230,7 +239,8 @@ def test_mpirun_override_and_missing_vars() -> None:
     assert launcher.mpirun_command(env, is_root=False, which=_which(set()))[0] == "/opt/ompi/bin/mpirun"
     with pytest.raises(launcher.LaunchError, match="FTJOB_HOSTFILE"):
         launcher.mpirun_command({"FTJOB_WORLD_SIZE": "2", "FTJOB_MPI_SLOTS_PER_NODE": "1"}, which=_which({"mpirun"}))
-    with pytest.raises(MissingStackError, match="finetune-operator/xeon"):
+    # MPICH ships in the cpu image (backends.py: each backend's MPI implementations), not in the xeon one
+    with pytest.raises(MissingStackError, match="use the finetune-operator/cpu image"):
         launcher.mpirun_command({**MPI_ENV, "FTJOB_MPI_IMPLEMENTATION": "mpich"}, which=_which(set()))
 
 
@@ -284,7 +294,9 @@ def test_torchrun_launch_plan() -> None:
     ]
     assert extra == {}
     cmd, extra = launcher.launch_plan({**env, "FTJOB_PRECOMPILE_STEPS": "4"}, precompile=True, python="/py")
-    assert cmd[0] == "/py" and extra == {"FTJOB_MODE": "precompile", "FTJOB_PRECOMPILE_STEPS": "4"}
+    assert cmd[0] == "/py" and extra == {"FTJOB_MODE": "precompile"}  # the steps travel in the env as they are
+    del env["FTJOB_MASTER_PORT"]  # run by hand: torchrun's own default port
+    assert "--master-port" not in launcher.launch_plan(env, precompile=False, python="/py")[0]
 
 
 def test_neuron_precompile_wraps_in_neuron_parallel_compile() -> None:
@@ -435,7 +447,7 @@ def _ckpt(root: Path, step: int, complete: bool, state: bool = True) -> Path:
     if state:
         (d / "trainer_state.json").write_text("{}")
     if complete:
-        checkpoints.mark_complete(d)
+        checkpoints.mark_complete(d, "u")
     return d
 
 
@@ -704,18 +716,22 @@ def test_classification_metrics() -> None:
     assert three == {"accuracy": 1.0, "f1": 1.0}
 
 
-def test_s3_keys_cover_the_final_artefacts(tmp_path: Path) -> None:
-    from finetune_runtime.train import s3_keys
+def test_upload_outputs_copies_the_final_artefacts_only(tmp_path: Path) -> None:
+    from finetune_runtime.location import DirLocation, upload_outputs
 
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")
-    (tmp_path / "metrics.json").write_text("{}")
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "x").write_text("")
-    keys = [(b, k) for _, b, k in s3_keys(tmp_path, "s3://bucket/jobs/demo/")]
-    assert keys == [("bucket", "jobs/demo/model/config.json"), ("bucket", "jobs/demo/metrics.json")]
-    with pytest.raises(ValueError, match="s3://"):
-        s3_keys(tmp_path, "gs://bucket")
+    src = tmp_path / "scratch"
+    (src / "model").mkdir(parents=True)
+    (src / "model" / "config.json").write_text("{}")
+    (src / "metrics.json").write_text("{}")
+    (src / "checkpoints").mkdir()
+    (src / "checkpoints" / "x").write_text("")
+    done = upload_outputs(src, DirLocation(tmp_path / "dst"), ["model", "model-merged", "metrics.json"])
+    assert done == ["model/config.json", "metrics.json"]
+    assert sorted(p.relative_to(tmp_path / "dst").as_posix() for p in (tmp_path / "dst").rglob("*")) == [
+        "metrics.json",
+        "model",
+        "model/config.json",
+    ]
 
 
 def test_cli_missing_stack_exits_3_naming_the_image(tmp_path: Path) -> None:
@@ -805,7 +821,9 @@ def test_an_epoch_end_save_only_when_the_newest_checkpoint_is_a_minute_old() -> 
     from finetune_runtime.callbacks import EPOCH_SAVE_MIN_SECONDS, ProgressCallback
 
     now = [1000.0]
-    cb = ProgressCallback(progress.ProgressEmitter(False), precompile=False, save_each_epoch=True, clock=lambda: now[0])
+    cb = ProgressCallback(
+        progress.ProgressEmitter(False), precompile=False, save_each_epoch=True, uid="u", clock=lambda: now[0]
+    )
     state = SimpleNamespace(global_step=0, is_world_process_zero=False)
     cb.on_train_begin(None, state, None)
 

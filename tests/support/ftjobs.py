@@ -213,6 +213,26 @@ BAD_SPECS: list[BadSpec] = [
         "output-claim-and-url", "spec.output.claimName", _set("spec.output", {"claimName": "r", "url": "s3://b/p"})
     ),
     BadSpec("output-bad-url", "spec.output.url", _set("spec.output", {"url": "gs://bucket/x"})),
+    BadSpec(
+        "resume-from-other-kind",
+        "spec.output.resumeFrom",
+        _set("spec.output", {"url": "s3://b/p", "resumeFrom": "pvc://results/team/old"}),
+    ),
+    BadSpec(
+        "resume-from-other-claim",
+        "spec.output.resumeFrom",
+        _set("spec.output", {"claimName": "results", "resumeFrom": "pvc://results-2/team/old"}),
+    ),
+    BadSpec(
+        "resume-from-dotdot",
+        "spec.output.resumeFrom",
+        _set("spec.output", {"claimName": "results", "resumeFrom": "pvc://results/out/../../x"}),
+    ),
+    BadSpec(
+        "resume-from-no-bucket",
+        "spec.output.resumeFrom",
+        _set("spec.output", {"url": "s3://b/p", "resumeFrom": "s3:///x"}),
+    ),
     BadSpec("dataset-name-and-path", "spec.task.dataset", _set("spec.task.dataset.name", "squad")),
     BadSpec(
         "dataset-path-and-data-files",

@@ -209,7 +209,8 @@ def test_nvidia_gpus_and_efa_without_fi_vars() -> None:
     assert ctr["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert ctr["resources"]["limits"]["vpc.amazonaws.com/efa"] == "32"
     assert "FI_PROVIDER" not in env_of(ctr)  # aws-ofi-nccl >= 1.7 needs none
-    assert env_of(ctr)["FTJOB_OUTPUT_URL"] == "s3://my-bucket/distilbert-squad/nvidia"
+    # the job's own location under output.url (test_output_location.py)
+    assert env_of(ctr)["FTJOB_OUTPUT_URL"] == "s3://my-bucket/distilbert-squad/nvidia/default/distilbert-squad-nvidia/"
     vols = {v["name"]: v for v in c.pods[0]["spec"]["volumes"]}
     assert "emptyDir" in vols["output"]  # scratch, uploaded by the runtime
     assert c.pods[0]["spec"]["serviceAccountName"] == "finetune-s3-writer"

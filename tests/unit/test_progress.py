@@ -9,7 +9,8 @@ LOG = """\
 FTJOB_PROGRESS {"event":"train","step":120,"totalSteps":500,"epoch":1.2,"loss":0.41,\
 "samplesPerSecond":35.2,"etaSeconds":96}
 some noise
-FTJOB_PROGRESS {"event":"eval","step":125,"totalSteps":500,"metrics":{"accuracy":0.86,"f1":0.85}}
+FTJOB_PROGRESS {"event":"eval","step":125,"totalSteps":500,"metrics":{"accuracy":0.86,"f1":0.85},\
+"summaryMetric":"accuracy"}
 FTJOB_PROGRESS {broken json
 """
 
@@ -27,8 +28,21 @@ def test_no_lines_keeps_previous() -> None:
 
 
 def test_done_summary() -> None:
-    p = progress.fold([{"event": "done", "step": 500, "totalSteps": 500, "metrics": {"exact_match": 71.2}}])
+    done = {"event": "done", "step": 500, "totalSteps": 500, "metrics": {"f1": 80.1, "exact_match": 71.2}}
+    p = progress.fold([{**done, "summaryMetric": "exact_match"}])
     assert p is not None and p["summary"] == "500/500 (100%) exact_match 71.2 done"
+
+
+def test_the_summary_shows_the_metric_the_task_names() -> None:
+    """Each task plugin names its headline metric (summaryMetric); the summary once knew only accuracy, f1 and
+    exact_match, so a causal-lm job showed no metric at all."""
+    ev = {"event": "eval", "step": 8, "totalSteps": 10, "metrics": {"loss": 1.16, "perplexity": 3.19}}
+    p = progress.fold([{**ev, "summaryMetric": "perplexity"}])
+    assert p is not None and p["summary"] == "8/10 (80%) perplexity 3.19"
+    later = progress.fold([{"event": "train", "step": 9, "totalSteps": 10, "loss": 1.1}], p)
+    assert later is not None and "perplexity 3.19" in later["summary"], "kept across later lines"
+    # A job's own command may print progress lines without summaryMetric: the alphabetically first metric.
+    assert progress.fold([ev]) is not None and str(progress.fold([ev])["summary"]) == "8/10 (80%) loss 1.16"
 
 
 def test_prefixed_lines_from_torchrun_are_parsed() -> None:

@@ -61,6 +61,14 @@ def _has(o: Obj | None, *keys: str) -> bool:
 _JOB_NAME = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
+def _resume_from_same_kind(o: Obj) -> bool:
+    src = str(o["resumeFrom"])
+    if _has(o, "url"):
+        return src.startswith("s3://")
+    claim = f"pvc://{o['claimName']}" if _has(o, "claimName") else None
+    return claim is not None and (src == claim or src.startswith(claim + "/"))
+
+
 def _valid_name(name: str) -> bool:
     return len(name) <= 50 and re2_search(_JOB_NAME, name)
 
@@ -174,6 +182,25 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             "spec.compileCache.claimName share their cache, so they could read or delete this job's results; "
             "choose another directory",
             lambda o: not _has(o, "path") or CACHE_FOLDER not in str(o["path"]).split("/"),
+        ),
+        Rule(
+            "resume-from-same-kind",
+            "spec.output",
+            "!has(self.resumeFrom) || (has(self.url) ? self.resumeFrom.startsWith('s3://') : "
+            "(has(self.claimName) && (self.resumeFrom == 'pvc://' + self.claimName || "
+            "self.resumeFrom.startsWith('pvc://' + self.claimName + '/'))))",
+            ".resumeFrom",
+            "spec.output.resumeFrom must be of the output's kind: with output.url an s3://bucket/prefix URL, with "
+            "output.claimName pvc://<claimName>/<directory> of that same claim (the only one the pods mount)",
+            lambda o: not _has(o, "resumeFrom") or _resume_from_same_kind(o),
+        ),
+        Rule(
+            "resume-from-no-dotdot",
+            "spec.output",
+            "!has(self.resumeFrom) || !self.resumeFrom.split('/').exists(p, p == '..')",
+            ".resumeFrom",
+            "spec.output.resumeFrom must name a directory without '..' segments: remove them",
+            lambda o: not _has(o, "resumeFrom") or ".." not in str(o["resumeFrom"]).split("/"),
         ),
         Rule(
             "dataset-one-source",
@@ -430,7 +457,8 @@ def _frozen_block(block: str, why: str) -> Rule:
         f"has(self.{block}) == has(oldSelf.{block}) && (!has(self.{block}) || self.{block} == oldSelf.{block})",
         f".{block}",
         f"spec.{block} is immutable after creation ({why}); to change it, delete the job and create it again "
-        "(under a new name to keep the old results)",
+        "(a new job of the same name starts fresh and keeps the old one's results; output.resumeFrom starts it "
+        "from the old checkpoints)",
         None,
         transition=True,
     )

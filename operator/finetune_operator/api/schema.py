@@ -433,21 +433,34 @@ OUTPUT = _o(
         "path": _s(
             "Directory under the claim. The job's pods mount only <path>/<namespace>/<job name> of the "
             "claim at /output (made by the kubelet when missing), so jobs sharing a claim cannot overwrite "
-            "each other's checkpoints or models; a job re-created under the same name finds its "
-            "predecessor's directory and resumes from its newest checkpoint. Without path: "
-            "<namespace>/<job name>.",
+            "each other's checkpoints or models. Without path: <namespace>/<job name>. A job re-created under "
+            "the same name gets the same directory but starts fresh (unless resumeFrom says otherwise): its "
+            "checkpoints go to checkpoints/<uid>/, and its predecessor's model, metrics and predictions are "
+            "moved to previous/<their uid>/ before it writes its own.",
             maxLength=1024,
             pattern=r"^[^/].*$",
         ),
         "url": _s(
-            "s3://bucket/prefix for the results. /output is then scratch space: each checkpoint is uploaded "
-            "to <url>/checkpoints/ as soon as it is saved (the newest 3 are kept) and a restarted group "
-            "resumes from the newest complete one there; the final model/, metrics.json and "
-            "predictions.json go to <url>/. Pods need S3 credentials (e.g. IRSA or EKS Pod Identity) "
+            "s3://bucket/prefix for the results. The job writes under <url>/<namespace>/<job name>/ only "
+            "(status.output.location), laid out as a claim's directory: jobs sharing a URL never touch each "
+            "other's files. /output is then scratch space: each checkpoint is uploaded to "
+            "checkpoints/<uid>/ there as soon as it is saved (the job's newest 3 are kept) and a restarted "
+            "group resumes from the newest complete one; the final model/, metrics.json and "
+            "predictions.json go beside them. Pods need S3 credentials (e.g. IRSA or EKS Pod Identity) "
             "allowing ListBucket, GetObject, PutObject and DeleteObject; for an S3-compatible server set "
             "AWS_ENDPOINT_URL in spec.env.",
             maxLength=1024,
             pattern=f.S3_URL,
+        ),
+        "resumeFrom": _s(
+            "Start from a checkpoint another job wrote (e.g. a deleted job of the same name, whose checkpoints "
+            "a new job never resumes by itself): that job's status.output.location, a checkpoints/<uid>/ "
+            "directory under it, or one checkpoint-<step>/ directory; the newest complete checkpoint there is "
+            "used once, until this job has saved checkpoints of its own. Of the output's kind: with url an "
+            "s3://bucket/prefix, with claimName a pvc://<claimName>/<directory> of the same claim (mounted "
+            "read-only at /resume-from).",
+            maxLength=1024,
+            pattern="^(s3|pvc)://[^/]+(/.*)?$",
         ),
     },
 )
@@ -663,9 +676,20 @@ STATUS = _o(
         ),
         "completionTime": _s("When the job finished.", format="date-time"),
         "observedGeneration": _i("Generation of the spec last reconciled."),
+        "output": _o(
+            "Where the job writes.",
+            {
+                "location": _s(
+                    "The job's own location: s3://<output.url>/<namespace>/<job>/ or "
+                    "pvc://<output.claimName>/<output.path>/<namespace>/<job>/. It holds job.json (the job whose "
+                    "final artefacts lie there), model/, metrics.json, predictions.json, checkpoints/<uid>/ and "
+                    "previous/<uid>/ (final artefacts of earlier jobs of the same name)."
+                )
+            },
+        ),
         "progress": _free(
             "Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
-            "etaSeconds, metrics, summary."
+            "etaSeconds, metrics, summaryMetric (the task's headline metric), summary."
         ),
         "compileCache": _o(
             "What the precompile trial (compileCache.precompile) of the latest attempt found in the compile cache, "

@@ -8,8 +8,44 @@ from __future__ import annotations
 from typing import Any
 
 from .. import constants as c
+from ..api.schema import COMPILE_CACHE
 from .layout import Layout
 from .names import Names
+from .objects import job_uid
+
+
+def output_location(job: dict[str, Any], names: Names) -> str | None:
+    """The job's own location, which its pods write to and status.output.location reports: the claim's job
+    directory (`names.output_sub_path`, mounted at /output) or `<output.url>/<namespace>/<job>/`. Jobs sharing a
+    claim or a URL each get their own; a job re-created under the same name gets its predecessor's, inside which
+    the runtime keeps to what carries the job's uid (docs/runtime.md)."""
+    output = job["spec"].get("output") or {}
+    if output.get("url"):
+        return f"{output['url'].rstrip('/')}/{names.namespace}/{names.job}/"
+    if output.get("claimName"):
+        return f"pvc://{output['claimName']}/{names.output_sub_path(output.get('path'))}/"
+    return None
+
+
+def resume_from(output: dict[str, Any]) -> str | None:
+    """FTJOB_RESUME_FROM: output.resumeFrom as the pods reach it (an s3:// URL as given; a pvc:// directory is
+    mounted read-only at RESUME_FROM_DIR, pods.py)."""
+    src = str(output.get("resumeFrom") or "")
+    if not src:
+        return None
+    return src if src.startswith("s3://") else c.RESUME_FROM_DIR
+
+
+def resume_from_sub_path(output: dict[str, Any]) -> str | None:
+    """The claim directory a pvc://<claim>/<dir> resumeFrom names ("" for the claim's root)."""
+    src = str(output.get("resumeFrom") or "")
+    if not src.startswith("pvc://"):
+        return None
+    return src[len("pvc://") :].partition("/")[2].strip("/")
+
+
+# The schema's default (one home: api/schema.py); admission has applied it whenever spec.compileCache is given.
+PRECOMPILE_STEPS_DEFAULT = COMPILE_CACHE["properties"]["precompileSteps"]["default"]
 
 
 def thread_env(layout: Layout) -> dict[str, str]:
@@ -53,6 +89,8 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
         {
             "FTJOB_JOB_NAME": names.job,
             "FTJOB_NAMESPACE": names.namespace,
+            # Checkpoints record it, and a job resumes only from its own (a re-created job starts fresh).
+            "FTJOB_JOB_UID": job_uid(job),
             "FTJOB_CONFIG": c.CONFIG_FILE,
             "FTJOB_PROFILE": p.name,
             "FTJOB_BACKEND": p.backend,
@@ -64,13 +102,17 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
             "FTJOB_MASTER_PORT": str(c.MASTER_PORT),
             "FTJOB_CACHE_DIR": c.CACHE_DIR,
             "FTJOB_OUTPUT_DIR": c.OUTPUT_DIR,  # the job's own directory of the claim (names.output_sub_path)
-            "FTJOB_PRECOMPILE_STEPS": str(cache.get("precompileSteps", 16)),
+            "FTJOB_PRECOMPILE_STEPS": str(cache.get("precompileSteps", PRECOMPILE_STEPS_DEFAULT)),
             "HF_HOME": f"{c.CACHE_DIR}/hf",
             "HOME": c.HOME_DIR,
         }
     )
-    if output.get("url"):
-        env["FTJOB_OUTPUT_URL"] = output["url"]
+    location = output_location(job, names)
+    if output.get("url") and location:
+        env["FTJOB_OUTPUT_URL"] = location
+    source = resume_from(output)
+    if source:
+        env["FTJOB_RESUME_FROM"] = source
     if layout.launcher == "mpi":
         env.update(
             {

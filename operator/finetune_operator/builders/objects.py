@@ -24,14 +24,19 @@ class SshKeys:
     host_public_key: str
 
 
+def job_uid(job: dict[str, Any]) -> str:
+    """The job's uid (owner references, and FTJOB_JOB_UID: the runtime's checkpoints record it). Offline renders
+    have no uid yet; the operator always has the real one."""
+    return str(job["metadata"].get("uid") or "00000000-0000-0000-0000-000000000000")
+
+
 def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
     meta = job["metadata"]
     return {
         "apiVersion": job["apiVersion"],
         "kind": job["kind"],
         "name": meta["name"],
-        # Offline renders have no uid yet; the operator always has the real one.
-        "uid": meta.get("uid") or "00000000-0000-0000-0000-000000000000",
+        "uid": job_uid(job),
         "controller": True,
         "blockOwnerDeletion": True,
     }

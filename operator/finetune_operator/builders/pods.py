@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import constants as c
 from ..api.schema import CACHE_FOLDER
-from .env import command_env, container_env
+from .env import command_env, container_env, resume_from_sub_path
 from .flavors import Placement, place
 from .layout import Layout
 from .names import Names
@@ -47,6 +47,9 @@ def _volumes(job: dict[str, Any], layout: Layout, names: Names, role: str) -> tu
             vols.append({"name": "output", "persistentVolumeClaim": {"claimName": output["claimName"]}})
             sub = names.output_sub_path(output.get("path"))  # this job's directory only (the kubelet makes it)
             mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR, "subPath": sub})
+            resume = resume_from_sub_path(output)  # output.resumeFrom: another directory of the same claim
+            if resume is not None:
+                mounts.append({"name": "output", "mountPath": c.RESUME_FROM_DIR, "subPath": resume, "readOnly": True})
         else:  # output.url: a scratch directory the runtime uploads from
             vols.append({"name": "output", "emptyDir": {}})
             mounts.append({"name": "output", "mountPath": c.OUTPUT_DIR})

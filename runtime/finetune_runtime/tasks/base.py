@@ -1,8 +1,9 @@
 """The task plugin interface: what train.py's shared pipeline asks of a task.
 
-A task is one module `finetune_runtime/tasks/<type with '_' for '-'>.py` that defines `PLUGIN`, an object with
-this Protocol's members. The pipeline (train.py) never branches on the task type: it loads the raw dataset,
-asks the plugin for the tokenised splits, the model, the Trainer and its extras, then the predictions.
+A task is one module (or package) `finetune_runtime/tasks/<type with '_' for '-'>` that defines `PLUGIN`, an object
+with this Protocol's members. The pipeline (train.py) never branches on the task type: it loads the raw dataset,
+asks the plugin for the tokenised splits, the model, the Trainer and its extras, then the predictions; what the
+task writes (`outputs`) and which metrics it reports (`metrics`) are the plugin's too.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ class TaskPlugin(Protocol):
     dataset_options: tuple[str, ...]
     # DDP must search for parameters without gradients (e.g. BERT's pooler under a QA head)
     find_unused_parameters: bool
+    # What `save` writes into the output directory (beside metrics.json and predictions.json, which the pipeline
+    # writes): uploaded to an S3 location at the end.
+    outputs: tuple[str, ...]
+    # The eval metrics it reports (keys of metrics.json's "eval" without the eval_ prefix), most telling first:
+    # the progress lines name the first as summaryMetric, which the operator's one-line summary shows.
+    metrics: tuple[str, ...]
 
     def cache_inputs(self, task: TaskConfig) -> dict[str, Any]:
         """Task options that change the tokenised dataset (part of its cache key)."""
@@ -56,23 +63,22 @@ class TaskPlugin(Protocol):
     def trainer(self, task: TaskConfig, dsets: Any, tokenizer: Any, common: dict[str, Any]) -> Any:
         """A transformers Trainer (or subclass) built from `common` (model, args, datasets, callbacks, ...)."""
 
-    def save(self, trainer: Any, tokenizer: Any, model_dir: Path, task: TaskConfig) -> None:
-        """Write the final model (and tokenizer) to model_dir; rank 0 only."""
+    def save(self, trainer: Any, tokenizer: Any, output_dir: Path, task: TaskConfig) -> None:
+        """Write the final model (and tokenizer) into output_dir, as `outputs` names; rank 0 only."""
 
-    def predictions(self, model_dir: Path, task: TaskConfig, dsets: Any) -> dict[str, Any]:
-        """predictions.json: {"method": ..., "predictions": [...]} from the saved model."""
+    def predictions(self, output_dir: Path, task: TaskConfig, dsets: Any) -> dict[str, Any]:
+        """predictions.json: {"method": ..., "predictions": [...]} from the model `save` wrote."""
+
+
+MODEL_DIR = "model"  # the final model (and tokenizer) every task saves, under the output directory
 
 
 def has_weights(model_dir: Path) -> bool:
-    return any(
-        (model_dir / n).exists()
-        for n in (
-            "model.safetensors",
-            "pytorch_model.bin",
-            "model.safetensors.index.json",
-            "pytorch_model.bin.index.json",
-        )
-    )
+    """The directory holds a transformers model's weights (the file names are transformers' own)."""
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+    names = (SAFE_WEIGHTS_NAME, WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME)
+    return any((model_dir / n).exists() for n in names)
 
 
 def load_auto_model(auto_cls: Any, task: TaskConfig, tokenizer: Any, weights_from: Path | None, **kwargs: Any) -> Any:

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, DataCollatorForSeq2Seq, Trainer, 
 
 from finetune_runtime import data
 from finetune_runtime.config import ConfigError, DatasetConfig, TaskConfig
-from finetune_runtime.tasks.base import has_weights, load_auto_model, save_full_model
+from finetune_runtime.tasks.base import MODEL_DIR, has_weights, load_auto_model, save_full_model
 from finetune_runtime.tokenization import load_tokenizer
 
 log = logging.getLogger("finetune_runtime")
@@ -158,6 +158,8 @@ class CausalLM:
     task_options = ("lora",)
     dataset_options = ("messagesColumn", "promptColumn", "responseColumn")
     find_unused_parameters = False  # every trainable parameter (full model or the adapters) gets a gradient
+    outputs = (MODEL_DIR, MERGED_DIR, BASE_MODEL_DIR)  # the last two only with task.lora (merge; a config-only base)
+    metrics = ("perplexity", "loss")
 
     def cache_inputs(self, task: TaskConfig) -> dict[str, Any]:
         return {"columns": asdict(Columns.of(task.dataset))}
@@ -239,7 +241,8 @@ class CausalLM:
         # Perplexity first: the progress callback after it then reports it in the eval lines.
         return Trainer(data_collator=collator, **{**common, "callbacks": [PerplexityCallback(), *common["callbacks"]]})
 
-    def save(self, trainer: Any, tokenizer: Any, model_dir: Path, task: TaskConfig) -> None:
+    def save(self, trainer: Any, tokenizer: Any, output_dir: Path, task: TaskConfig) -> None:
+        model_dir = output_dir / MODEL_DIR
         lora = LoraOptions.from_task(task)
         if lora is None:
             save_full_model(trainer, tokenizer, model_dir)
@@ -252,7 +255,7 @@ class CausalLM:
             # config-only models are tiny) and the adapter points at them.
             import copy
 
-            base_dir = model_dir.parent / BASE_MODEL_DIR
+            base_dir = output_dir / BASE_MODEL_DIR
             copy.deepcopy(model).unload().save_pretrained(str(base_dir))
             tokenizer.save_pretrained(str(base_dir))
             model.peft_config["default"].base_model_name_or_path = str(base_dir)
@@ -262,12 +265,13 @@ class CausalLM:
         if lora.merge:
             # In place: training is over and the predictions load the saved files, not this object.
             merged = model.merge_and_unload()
-            merged.save_pretrained(str(model_dir.parent / MERGED_DIR))
-            tokenizer.save_pretrained(str(model_dir.parent / MERGED_DIR))
+            merged.save_pretrained(str(output_dir / MERGED_DIR))
+            tokenizer.save_pretrained(str(output_dir / MERGED_DIR))
 
-    def predictions(self, model_dir: Path, task: TaskConfig, dsets: Any) -> dict[str, Any]:
+    def predictions(self, output_dir: Path, task: TaskConfig, dsets: Any) -> dict[str, Any]:
         import torch
 
+        model_dir = output_dir / MODEL_DIR
         tokenizer = load_tokenizer(str(model_dir))
         if (model_dir / "adapter_config.json").exists():
             from peft import AutoPeftModelForCausalLM

@@ -11,7 +11,7 @@ from transformers import AutoModelForSequenceClassification, Trainer
 
 from finetune_runtime import data
 from finetune_runtime.config import DatasetConfig, TaskConfig
-from finetune_runtime.tasks.base import load_auto_model, save_full_model
+from finetune_runtime.tasks.base import MODEL_DIR, load_auto_model, save_full_model
 from finetune_runtime.tokenization import load_tokenizer
 
 DEFAULT_SAMPLES = {
@@ -101,6 +101,8 @@ class TextClassification:
     task_options = ("labels",)
     dataset_options = ("textColumn", "textPairColumn", "labelColumn", "labelMap")
     find_unused_parameters = False  # a classification head uses every parameter
+    outputs = (MODEL_DIR,)
+    metrics = ("accuracy", "f1")
 
     def cache_inputs(self, task: TaskConfig) -> dict[str, Any]:
         return {"labels": task.labels}
@@ -152,10 +154,11 @@ class TextClassification:
             **common,
         )
 
-    def save(self, trainer: Any, tokenizer: Any, model_dir: Path, task: TaskConfig) -> None:
-        save_full_model(trainer, tokenizer, model_dir)
+    def save(self, trainer: Any, tokenizer: Any, output_dir: Path, task: TaskConfig) -> None:
+        save_full_model(trainer, tokenizer, output_dir / MODEL_DIR)
 
-    def predictions(self, model_dir: Path, task: TaskConfig, dsets: Any) -> dict[str, Any]:
+    def predictions(self, output_dir: Path, task: TaskConfig, dsets: Any) -> dict[str, Any]:
+        model_dir = output_dir / MODEL_DIR
         from transformers import pipeline
 
         lang = detect_language(list(dsets["validation_text"][task.dataset.text_column]))

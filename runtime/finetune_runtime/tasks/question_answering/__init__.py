@@ -1,4 +1,5 @@
-"""question-answering: extractive QA (SQuAD-style spans) on an encoder; SQuAD's exact match and F1 (0-100)."""
+"""question-answering: extractive QA (SQuAD-style spans) on an encoder; SQuAD's exact match and F1 (0-100), with
+feature preparation and post-processing in squad.py."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any
 
 from transformers import AutoModelForQuestionAnswering, Trainer
 
-from finetune_runtime import data, squad
+from finetune_runtime import data
 from finetune_runtime.config import TaskConfig
-from finetune_runtime.tasks.base import load_auto_model, save_full_model
+from finetune_runtime.tasks.base import MODEL_DIR, load_auto_model, save_full_model
+from finetune_runtime.tasks.question_answering import squad
 from finetune_runtime.tokenization import load_tokenizer
 
 
@@ -97,6 +99,8 @@ class QuestionAnswering:
     task_options = ("docStride", "inferenceQuestions")
     dataset_options = ("questionColumn", "contextColumn", "answersColumn")
     find_unused_parameters = True  # QA heads leave BERT's pooler unused, which DDP must know
+    outputs = (MODEL_DIR,)
+    metrics = ("f1", "exact_match")
 
     def cache_inputs(self, task: TaskConfig) -> dict[str, Any]:
         return {"doc_stride": task.doc_stride}
@@ -143,10 +147,11 @@ class QuestionAnswering:
             **common,
         )
 
-    def save(self, trainer: Any, tokenizer: Any, model_dir: Path, task: TaskConfig) -> None:
-        save_full_model(trainer, tokenizer, model_dir)
+    def save(self, trainer: Any, tokenizer: Any, output_dir: Path, task: TaskConfig) -> None:
+        save_full_model(trainer, tokenizer, output_dir / MODEL_DIR)
 
-    def predictions(self, model_dir: Path, task: TaskConfig, dsets: Any) -> dict[str, Any]:
+    def predictions(self, output_dir: Path, task: TaskConfig, dsets: Any) -> dict[str, Any]:
+        model_dir = output_dir / MODEL_DIR
         ds, vex = task.dataset, dsets["validation_examples"]
         samples: list[Any] = list(task.inference_questions or []) or [
             {
