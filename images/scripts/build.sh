@@ -5,9 +5,8 @@
 # as finetune-operator/{base,runtime-base,builder}:SUITE (SUITE: bookworm, or noble for neuron), and the flavor
 # names them through its RUNTIME_BASE/BASE and BUILDER build args. Unchanged, they rebuild from cache in seconds.
 # Environment:
-#   IMAGE_TAG        tag; the image is finetune-operator/FLAVOR:IMAGE_TAG. Default: the runtime package's
-#                    version (runtime/pyproject.toml), the tag the operator's hardware profiles name; for
-#                    `operator` the operator package's version (operator/pyproject.toml), the chart's appVersion
+#   IMAGE_TAG        tag; the image is finetune-operator/FLAVOR:IMAGE_TAG. Default: the repository's VERSION,
+#                    the operator's default runtime image tag and the chart's appVersion
 #   BASE_IMAGE       what the shared base starts from (default debian:bookworm-slim, ubuntu:24.04 for neuron);
 #                    when unset and no registry is reachable, a debootstrap'ed Debian base is built once
 #                    (base-image.sh) and used (Debian-based flavors only)
@@ -24,10 +23,7 @@ root=$(cd "$here/../.." && pwd)
 DOCKER=${DOCKER:-/usr/bin/docker}
 flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron|operator|base [docker build args...]}
 shift
-package=runtime
-if [ "$flavor" = operator ]; then package=operator; fi
-package_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/$package/pyproject.toml")
-tag=${IMAGE_TAG:-$package_version}
+tag=${IMAGE_TAG:-$(cat "$root/VERSION")}
 
 dockerfile=images/$flavor/Dockerfile
 stack=()

@@ -18,12 +18,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 BACKENDS = ("neuron", "xeon", "cpu", "nvidia")
-IMAGES = {
-    "neuron": "finetune-operator/neuron",
-    "xeon": "finetune-operator/xeon",
-    "cpu": "finetune-operator/cpu",
-    "nvidia": "finetune-operator/nvidia",
-}
+# The image that carries each backend's stack, for error messages: images/<backend>/ builds it as
+# finetune-operator/<backend> (images/scripts/build.sh), the repository the operator's profiles of that backend
+# name (tests/unit/test_profile_images.py checks both).
+IMAGES = {backend: f"finetune-operator/{backend}" for backend in BACKENDS}
 
 
 class MissingStackError(RuntimeError):

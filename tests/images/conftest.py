@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Debian's client: the preinstalled /usr/local/bin/docker has no BuildKit builder (docs in images/README.md).
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
-# What `make test-images` builds: finetune-operator/cpu tagged with the runtime's version (mk/images.mk).
-DEFAULT_IMAGE = (
-    "finetune-operator/cpu:" + tomllib.loads((REPO / "runtime" / "pyproject.toml").read_text())["project"]["version"]
-)
+# What `make test-images` builds: finetune-operator/cpu tagged with the repository's VERSION (mk/images.mk).
+VERSION = (REPO / "VERSION").read_text().strip()
+DEFAULT_IMAGE = f"finetune-operator/cpu:{VERSION}"
 # The fixed UID every image runs as (images/common/add-user.sh; the operator's securityContext relies on it).
 FTJOB_UID = 1000
 
