@@ -171,7 +171,7 @@ def test_neuron_versions_come_from_one_release() -> None:
 
 
 def test_xeon_ipex_stack_matches() -> None:
-    """IPEX and oneccl_bind_pt must equal torch's major.minor (hardware.md section 5)."""
+    """IPEX and oneccl_bind_pt must equal torch's major.minor (docs/hardware.md section 5)."""
     pins = requirement_pins(IMAGES / "xeon" / "requirements-ipex.txt")
     major_minor = {
         k: ".".join(pins[k].split(".")[:2]) for k in ("torch", "intel-extension-for-pytorch", "oneccl-bind-pt")
