@@ -70,13 +70,18 @@ ca=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 secret=()
 if [ -s "$ca" ]; then secret=(--secret "id=ca,src=$ca"); fi
 # The revision is the last commit that changed the image's inputs, not HEAD: a label is part of the image ID,
-# and a new ID for every unrelated commit made the e2e node re-import the 6 GB cpu image each time.
-inputs=(runtime images)
-if [ "$flavor" = operator ]; then inputs=(operator images); fi
+# and a new ID for every unrelated commit made the e2e node re-import the multi-GB cpu image each time.
+inputs=(runtime images requirements VERSION)
+if [ "$flavor" = operator ]; then inputs=(operator images VERSION); fi
 rev=$(git -C "$root" log -1 --format=%h -- "${inputs[@]}" 2>/dev/null || true)
 rev=${rev:-unknown}
 # Labels, not build args: metadata of the final image only, so a new commit leaves every layer's cache alone.
 args+=(--label "org.opencontainers.image.version=$tag" --label "org.opencontainers.image.revision=$rev")
+# dev.finetune.versions.*: the stack's versions, from the flavor's lock or, unlocked, its pins (one source each).
+if [ "$flavor" != base ]; then
+  stack_labels=$(python3 "$root/hack/lock.py" labels "$flavor")
+  while IFS= read -r label; do args+=(--label "$label"); done <<<"$stack_labels"
+fi
 
 cd "$root"
 start=$SECONDS

@@ -31,7 +31,6 @@ from ftjob_cluster import bins, node  # noqa: E402
 from ftjob_cluster.localcluster import LocalCluster, wait_for  # noqa: E402
 from ftjob_cluster.testing import Kubectl, make_kubectl  # noqa: E402
 
-
 # What mk/images.mk tags the built images with: the repository's VERSION.
 VERSION = (REPO / "VERSION").read_text().strip()
 RUNTIME_IMAGE = os.environ.get("FTJOB_E2E_IMAGE") or f"finetune-operator/cpu:{VERSION}"

@@ -21,8 +21,8 @@ VERSION = (ROOT / "VERSION").read_text().strip()
 # Where the version may still be written: generated from VERSION (hack/version.py, checked below) or the builders'
 # output for it (the goldens, checked by test_builders.py::test_golden and below).
 GENERATED = ("charts/finetune-operator/Chart.yaml", "manifests/", "tests/unit/golden/")
-# Third-party versions that may equal ours by chance: Go module sums and recorded benchmark results.
-UNRELATED = re.compile(r"(^|/)go\.(mod|sum)$|^benchmarks/results/")
+# Third-party versions that may equal ours by chance: Go module sums, the Python locks, recorded benchmark results.
+UNRELATED = re.compile(r"(^|/)go\.(mod|sum)$|\.lock$|^benchmarks/results/")
 
 
 def generator() -> ModuleType:
