@@ -24,10 +24,11 @@ WHEELHOUSE := $(HOME)/.cache/finetune-operator/wheels
 UNIDIC_LITE_VERSION := $(shell sed -n 's/^unidic-lite==\([^ ]*\).*/\1/p' $(ROOT)/$(DEV_LOCK))
 UNIDIC_WHEEL := $(WHEELHOUSE)/unidic_lite-$(UNIDIC_LITE_VERSION)-py3-none-any.whl
 UV_PRUNE = $(UV) cache prune -q
-# $(call LOCK_SYNC,VENV,LOCK): VENV holds exactly LOCK's packages (uv checks each hash the lock gives) plus the
-# operator and runtime packages, editable; the cache's unreachable entries are dropped afterwards.
+# The repository's packages the venvs hold editable (hack/lock.py DEV_PACKAGES: the locks resolve their requirements).
+DEV_PACKAGES := $(shell python3 $(ROOT)/hack/lock.py dev-packages)
+# $(call LOCK_SYNC,VENV,LOCK): VENV holds exactly LOCK's packages (uv checks each hash the lock gives) and
+# DEV_PACKAGES, editable; the cache's unreachable entries are dropped afterwards.
 LOCK_SYNC = python3 $(ROOT)/hack/lock.py setup-file $(2) > $(1)/lock.txt && \
-  printf -- '-e ./operator\n-e ./runtime\n' >> $(1)/lock.txt && \
   VIRTUAL_ENV=$(1) $(UV) pip sync --find-links $(WHEELHOUSE) $(1)/lock.txt && $(UV_PRUNE)
 
 .PHONY: help setup lint lock lock-check format typecheck test test-unit test-local demo clean
@@ -47,7 +48,7 @@ $(UNIDIC_WHEEL):
 	  python3 -m pip wheel -q --no-deps --no-cache-dir --require-hashes --wheel-dir $$tmp -r $$tmp/pin.txt && \
 	  mv $$tmp/$(notdir $@) $@ && rm -rf $$tmp
 
-$(VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) $(DEV_LOCK) VERSION operator/pyproject.toml runtime/pyproject.toml
+$(VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) $(DEV_LOCK) VERSION $(addsuffix /pyproject.toml,$(DEV_PACKAGES))
 	[ -x $(PY) ] || $(UV) venv --python 3.11 $(VENV)
 	$(call LOCK_SYNC,$(VENV),$(DEV_LOCK))
 	touch $@

@@ -19,6 +19,7 @@ The neuron and xeon (IPEX) stacks are not locked: their vendor indexes are unrea
                                                tests/unit/test_locks.py); --resolve also re-resolves (network)
     python3 hack/lock.py labels FLAVOR         the dev.finetune.versions.* labels images/scripts/build.sh sets
     python3 hack/lock.py setup-file LOCK       the lock as `make setup` installs it (unidic-lite from the wheelhouse)
+                                               and the editable packages (`dev-packages` lists them)
     python3 hack/lock.py pin LOCK PACKAGE      PACKAGE's locked requirement, with its hashes
 
 Everything but `check` (which needs `packaging`, from the venv) runs on the standard library: `make setup` and
@@ -60,10 +61,14 @@ class Lock:
     why: str = ""
 
 
+# The repository's packages the dev venvs install editable (`make setup`, the tf457 venv): the locks resolve their
+# requirements, and `setup-file` adds them. The Makefile reads this list (`dev-packages`).
+DEV_PACKAGES = ("operator", "runtime")
+
+
 def dev_inputs() -> tuple[str, ...]:
     return (
-        "operator/pyproject.toml",
-        "runtime/pyproject.toml",
+        *(f"{package}/pyproject.toml" for package in DEV_PACKAGES),
         *sorted(f"requirements/{p.name}" for p in (ROOT / "requirements").glob("*.txt")),
     )
 
@@ -75,8 +80,7 @@ LOCKS = (
     Lock(
         "requirements/tf457.lock",
         (
-            RUNTIME,
-            "operator/pyproject.toml",
+            *(f"{package}/pyproject.toml" for package in DEV_PACKAGES),
             "requirements/dev.txt",
             "images/neuron/requirements.txt",
             "requirements/stack/torch.txt",
@@ -353,12 +357,14 @@ def labels(flavor: str) -> list[str]:
 
 
 def setup_file(lock: str) -> str:
-    """The lock without unidic-lite's hashes: its hashes are the sdist's, and `make setup` installs the wheel it
-    built from that hash-checked sdist (Makefile, WHEELHOUSE)."""
-    return strip_hashes((ROOT / lock).read_text(), ["unidic-lite"]).replace(
+    """What a dev venv syncs to: the lock, without unidic-lite's hashes (they are the sdist's, and `make setup`
+    installs the wheel it built from that hash-checked sdist: Makefile, WHEELHOUSE), and DEV_PACKAGES, editable
+    (paths relative to the repository root, where make runs)."""
+    text = strip_hashes((ROOT / lock).read_text(), ["unidic-lite"]).replace(
         "    # no hashes: the wheel comes from the index images/scripts/build.sh picks\n",
         "    # no hashes here: the wheelhouse's wheel, built from the hash-checked sdist\n",
     )
+    return text + "".join(f"-e ./{package}\n" for package in DEV_PACKAGES)
 
 
 def pin(lock: str, package: str) -> str:
@@ -379,6 +385,9 @@ def main(argv: list[str]) -> int:
         return check(args)
     if command == "labels" and len(args) == 1:
         print("\n".join(labels(args[0])))
+        return 0
+    if command == "dev-packages" and not args:
+        print(" ".join(DEV_PACKAGES))
         return 0
     if command == "setup-file" and len(args) == 1:
         sys.stdout.write(setup_file(args[0]))

@@ -48,7 +48,7 @@ test-runtime-fast: setup runtime-deps impi versitygw ## Runtime tier without the
 # so this second venv is cheap. The operator package is installed too: tests/runtime renders the samples' config
 # through its admission and builders, exactly as the pods get it.
 TF457_LOCK := requirements/tf457.lock
-$(TF457_VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) $(TF457_LOCK) VERSION runtime/pyproject.toml operator/pyproject.toml
+$(TF457_VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) $(TF457_LOCK) VERSION $(addsuffix /pyproject.toml,$(DEV_PACKAGES))
 	[ -x $(TF457_VENV)/bin/python ] || $(UV) venv --python 3.11 $(TF457_VENV)
 	$(call LOCK_SYNC,$(TF457_VENV),$(TF457_LOCK))
 	touch $@
