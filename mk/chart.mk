@@ -4,10 +4,10 @@ CRD_COPIES := $(CHART_DIR)/crds/finetunejobs.yaml manifests/crd/finetunejobs.yam
 # The ValidatingAdmissionPolicy beside the CRD: a chart template reads it (Helm's crds/ takes CRDs only).
 POLICY_COPIES := $(CHART_DIR)/admission/finetunejobs-policy.yaml manifests/crd/finetunejobs-policy.yaml
 
-.PHONY: generate generate-crds generate-profile-lists generate-api-docs test-chart test-chart-install chart-lint
+.PHONY: generate generate-crds generate-version generate-api-docs test-chart test-chart-install chart-lint
 
 # Other areas may add their own generators as prerequisites of `generate`.
-generate: generate-crds generate-profile-lists generate-api-docs ## Regenerate every generated file
+generate: generate-crds generate-version generate-api-docs ## Regenerate every generated file
 
 generate-api-docs: setup ## Write docs/api.md from the schema and rules (`ftjob api-docs`)
 	$(VENV)/bin/ftjob api-docs > docs/api.md.new && mv docs/api.md.new docs/api.md
@@ -21,8 +21,8 @@ generate-crds: setup ## Copy `ftjob crd` and `ftjob admission-policy` into the c
 	@for f in $(POLICY_COPIES); do cp $(CHART_DIR)/admission/.policy.yaml.new $$f; done
 	@rm -f $(CHART_DIR)/admission/.policy.yaml.new
 
-generate-profile-lists: setup ## Write the profile list (profiles/*.yaml) into the chart's values.schema.json
-	$(PY) hack/profile_lists.py
+generate-version: ## Write VERSION into the chart's Chart.yaml and the kustomize manifests (hack/version.py)
+	python3 hack/version.py
 
 chart-lint: ## helm lint --strict the chart (pinned helm)
 	"$$(tools/cluster/bin/ftjob-tool helm)" lint --strict $(CHART_DIR)

@@ -1,11 +1,11 @@
 # Per-hardware container images (images/, tests/images). Docker comes from Debian (docker.io, with BuildKit);
 # the daemon is started on demand. Every image is a thin FROM of the shared base (images/base/Dockerfile), which
 # images/scripts/build.sh builds first. With no registry reachable, that base starts from a debootstrap'ed Debian.
-# Default tag: the runtime's version, which is the tag the operator's hardware profiles
-# (operator/finetune_operator/profiles/*.yaml) name, so a locally built image is the one a job pulls.
-IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' runtime/pyproject.toml)
-# The operator image is tagged with the operator package's version: the chart's appVersion, hence its default image.
-OPERATOR_IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' operator/pyproject.toml)
+# Default tag: VERSION, the release version of everything here. The operator gives runtime images its own version
+# as their default tag, and the chart's appVersion (its default operator image) is VERSION too, so a locally
+# built image is the one a job or the chart pulls.
+IMAGE_TAG ?= $(shell cat $(ROOT)/VERSION)
+OPERATOR_IMAGE_TAG ?= $(IMAGE_TAG)
 IMAGES_DOCKER := /usr/bin/docker
 IMAGES_FLAVORS := cpu nvidia xeon xeon-upstream neuron
 IMAGES_DOCKERFILES := $(wildcard images/*/Dockerfile)

@@ -43,14 +43,14 @@ test-runtime: setup runtime-deps impi versitygw typecheck-runtime ## Runtime tie
 test-runtime-fast: setup runtime-deps impi versitygw ## Runtime tier without the trainings (marker `slow` deselected)
 	$(PY) -m pytest -q tests/runtime -m "not slow"
 
-# transformers 4.57 is the newest release the Neuron stack pins (docs/runtime.md); the uv cache hardlinks torch,
+# The neuron image's Hugging Face side (transformers 4.57, the newest release the Neuron stack pins; docs/runtime.md)
+# with the dev venv's torch and test tools: requirements/tf457.lock (hack/lock.py). The uv cache hardlinks torch,
 # so this second venv is cheap. The operator package is installed too: tests/runtime renders the samples' config
-# through its admission and builders, exactly as the pods get it. So are the test support and the cluster tool,
-# which tests/conftest.py imports in every tier.
-$(TF457_VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) $(addsuffix /pyproject.toml,$(DEV_PACKAGES))
+# through its admission and builders, exactly as the pods get it.
+TF457_LOCK := requirements/tf457.lock
+$(TF457_VENV)/.stamp: $(UV) $(UNIDIC_WHEEL) $(TF457_LOCK) VERSION $(addsuffix /pyproject.toml,$(DEV_PACKAGES))
 	[ -x $(TF457_VENV)/bin/python ] || $(UV) venv --python 3.11 $(TF457_VENV)
-	VIRTUAL_ENV=$(TF457_VENV) $(UV_INSTALL) $(addprefix -e ,$(DEV_PACKAGES)) "transformers==4.57.*" "pytest>=9" pytest-timeout hypothesis
-	$(UV_PRUNE)
+	$(call LOCK_SYNC,$(TF457_VENV),$(TF457_LOCK))
 	touch $@
 
 test-runtime-tf457: $(TF457_VENV)/.stamp runtime-deps impi versitygw ## Runtime units + QA/demo/causal-lm LoRA trainings under transformers 4.57

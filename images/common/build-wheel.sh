@@ -12,7 +12,8 @@ package=${1:?usage: build-wheel.sh runtime|operator}
 export UV_CACHE_DIR=/root/.cache/uv
 rm -rf "/wheels/$package" && mkdir -p "/wheels/$package"
 # Build from a copy: the bind mount may be read-only and setuptools writes build/ and *.egg-info next to the sources.
-rm -rf "/tmp/$package-src" && cp -r "/src/$package" "/tmp/$package-src"
+# -L: the package's VERSION is a link to the repository's (/src/VERSION, bind-mounted too); the copy holds the file.
+rm -rf "/tmp/$package-src" && cp -rL "/src/$package" "/tmp/$package-src"
 rm -rf "/tmp/$package-src/build" "/tmp/$package-src"/*.egg-info
 /opt/tools/bin/uv build --wheel --out-dir "/wheels/$package" "/tmp/$package-src"
 rm -rf "/tmp/$package-src"

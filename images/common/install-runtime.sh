@@ -32,6 +32,6 @@ if problems:
 print("finetune-runtime", md.version("finetune-runtime"), "installed; requirements satisfied")
 PY
 test -x "$VENV/bin/ftjob-runtime"
-# The exact set this image ended up with (top-level pins only fix the direct dependencies): kept in the image so
-# a job's environment can be reproduced or diffed later (`cat /opt/venv/ftjob-freeze.txt`).
+# The exact set this image ended up with (the flavor's lock where it has one, then the runtime's wheel): kept in the
+# image so a job's environment can be reproduced or diffed later (`cat /opt/venv/ftjob-freeze.txt`).
 /opt/tools/bin/uv pip freeze --python "$VENV/bin/python" > "$VENV/ftjob-freeze.txt"

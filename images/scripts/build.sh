@@ -5,9 +5,8 @@
 # as finetune-operator/{base,runtime-base,builder}:SUITE (SUITE: bookworm, or noble for neuron), and the flavor
 # names them through its RUNTIME_BASE/BASE and BUILDER build args. Unchanged, they rebuild from cache in seconds.
 # Environment:
-#   IMAGE_TAG        tag; the image is finetune-operator/FLAVOR:IMAGE_TAG. Default: the runtime package's
-#                    version (runtime/pyproject.toml), the tag the operator's hardware profiles name; for
-#                    `operator` the operator package's version (operator/pyproject.toml), the chart's appVersion
+#   IMAGE_TAG        tag; the image is finetune-operator/FLAVOR:IMAGE_TAG. Default: the repository's VERSION,
+#                    the operator's default runtime image tag and the chart's appVersion
 #   BASE_IMAGE       what the shared base starts from (default debian:bookworm-slim, ubuntu:24.04 for neuron);
 #                    when unset and no registry is reachable, a debootstrap'ed Debian base is built once
 #                    (base-image.sh) and used (Debian-based flavors only)
@@ -24,10 +23,7 @@ root=$(cd "$here/../.." && pwd)
 DOCKER=${DOCKER:-/usr/bin/docker}
 flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron|operator|base [docker build args...]}
 shift
-package=runtime
-if [ "$flavor" = operator ]; then package=operator; fi
-package_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/$package/pyproject.toml")
-tag=${IMAGE_TAG:-$package_version}
+tag=${IMAGE_TAG:-$(cat "$root/VERSION")}
 
 dockerfile=images/$flavor/Dockerfile
 stack=()
@@ -74,13 +70,18 @@ ca=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 secret=()
 if [ -s "$ca" ]; then secret=(--secret "id=ca,src=$ca"); fi
 # The revision is the last commit that changed the image's inputs, not HEAD: a label is part of the image ID,
-# and a new ID for every unrelated commit made the e2e node re-import the 6 GB cpu image each time.
-inputs=(runtime images)
-if [ "$flavor" = operator ]; then inputs=(operator images); fi
+# and a new ID for every unrelated commit made the e2e node re-import the multi-GB cpu image each time.
+inputs=(runtime images requirements VERSION)
+if [ "$flavor" = operator ]; then inputs=(operator images VERSION); fi
 rev=$(git -C "$root" log -1 --format=%h -- "${inputs[@]}" 2>/dev/null || true)
 rev=${rev:-unknown}
 # Labels, not build args: metadata of the final image only, so a new commit leaves every layer's cache alone.
 args+=(--label "org.opencontainers.image.version=$tag" --label "org.opencontainers.image.revision=$rev")
+# dev.finetune.versions.*: the stack's versions, from the flavor's lock or, unlocked, its pins (one source each).
+if [ "$flavor" != base ]; then
+  stack_labels=$(python3 "$root/hack/lock.py" labels "$flavor")
+  while IFS= read -r label; do args+=(--label "$label"); done <<<"$stack_labels"
+fi
 
 cd "$root"
 start=$SECONDS

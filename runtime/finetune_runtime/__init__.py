@@ -1,3 +1,6 @@
 """In-pod training runtime of finetune-operator (see docs/architecture.md for its contract)."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+# The repository's VERSION file, through the installed package's metadata (runtime/pyproject.toml reads it).
+__version__ = version("finetune-runtime")

@@ -18,12 +18,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-IMAGES = {
-    "neuron": "finetune-operator/neuron",
-    "xeon": "finetune-operator/xeon",
-    "cpu": "finetune-operator/cpu",
-    "nvidia": "finetune-operator/nvidia",
-}
 DEFAULT_BACKEND = "cpu"  # FTJOB_BACKEND unset: a run by hand on any machine
 INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"  # where torch.compile's inductor keeps its caches (train.py sets it)
 
@@ -72,7 +66,10 @@ class Backend:
 
     @property
     def image(self) -> str:
-        return IMAGES[self.name]
+        """The image that carries this backend's stack, for error messages: images/<backend>/ builds it as
+        finetune-operator/<backend> (images/scripts/build.sh), the repository the operator's profiles of that
+        backend name (tests/unit/test_profile_images.py checks both)."""
+        return f"finetune-operator/{self.name}"
 
 
 _BACKENDS = (
@@ -118,6 +115,7 @@ _BACKENDS = (
     ),
 )
 BACKENDS: dict[str, Backend] = {b.name: b for b in _BACKENDS}
+IMAGES = {name: b.image for name, b in BACKENDS.items()}
 
 
 def get(name: str) -> Backend:

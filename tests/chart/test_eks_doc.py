@@ -41,7 +41,7 @@ EXAMPLE_ENV = {
     "EKS_VERSION": "1.34",
     "ACCOUNT_ID": "123456789012",
     "ECR": "123456789012.dkr.ecr.us-west-2.amazonaws.com",
-    "TAG": "0.1.0",
+    "TAG": (REPO / "VERSION").read_text().strip(),
     "BUCKET": "finetune-results-123456789012",
     "JOBS_NS": "ml",
     "AZ": "us-west-2d",
@@ -429,11 +429,11 @@ def test_values_file_renders_the_chart_in_namespaced_mode(files: dict[str, str],
     objs = load_all(out.stdout)
     ecr = EXAMPLE_ENV["ECR"]
     container = one(objs, "Deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == f"{ecr}/finetune-operator/operator:0.1.0"
+    assert container["image"] == f"{ecr}/finetune-operator/operator:{EXAMPLE_ENV['TAG']}"
     assert "--namespace=ml" in container["args"]
     assert [r["metadata"]["namespace"] for r in find(objs, "Role")] == ["ml"]
     config = yaml.safe_load(one(objs, "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"])
-    assert config["images"]["trn1"] == f"{ecr}/finetune-operator/neuron:0.1.0"
+    assert config["images"] == {"registry": ecr, "tag": EXAMPLE_ENV["TAG"]}
     claim = one(objs, "PersistentVolumeClaim", "finetune-cache", "ml")
     assert claim["spec"]["storageClassName"] == "efs-sc"
     assert config["networkPolicy"]["enabled"] is True

@@ -38,7 +38,9 @@ pytestmark = pytest.mark.controlplane
 SAMPLES = REPO / "manifests" / "samples"
 RELEASE = "ftop"
 FULLNAME = f"{RELEASE}-finetune-operator"  # release name + chart name (_helpers.tpl)
-CPU_IMAGE = "registry.example:5000/ft/cpu:chart-test"
+# The chart's runtimeImages (registry and tag) in front of and behind the cpu profile's repository.
+REGISTRY, TAG = "registry.example:5000/ft", "chart-test"
+CPU_IMAGE = f"{REGISTRY}/finetune-operator/cpu:{TAG}"
 
 
 class Kubectl:
@@ -154,7 +156,9 @@ def installed(request: pytest.FixtureRequest, kubectl: Kubectl, helm: str) -> It
         "--set",
         "networkPolicy.enabled=true",
         "--set",
-        f"runtimeImages.cpu={CPU_IMAGE}",
+        f"runtimeImages.registry={REGISTRY}",
+        "--set",
+        f"runtimeImages.tag={TAG}",
     ]
     if mode == "namespaced":
         cmd += ["--set", f"watchNamespaces={{{jobs_ns}}}"]
@@ -411,7 +415,7 @@ def test_operator_reconciles_a_sample_with_the_chart_rbac(
         assert labels["app.kubernetes.io/managed-by"] == "finetune-operator"  # what the NetworkPolicies select
         assert labels["finetune.dev/job-name"] == name
     pods = [o for o in objs if o["kind"] == "Pod"]
-    # The operator took the default image from the chart's ConfigMap, not from its built-in profile.
+    # The operator took the registry and tag from the chart's ConfigMap, not its built-in default.
     assert {p["spec"]["containers"][0]["image"] for p in pods} == {CPU_IMAGE}
 
     def phase() -> str | None:

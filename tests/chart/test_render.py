@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chartlib import CHART, NAMESPACE, RELEASE, Manifest, Renderer, Values, find, identities, one
+from chartlib import CHART, NAMESPACE, RELEASE, REPO, Manifest, Renderer, Values, find, identities, one
 
 from finetune_operator import profiles
 
@@ -36,8 +36,8 @@ CRD_READ: dict[tuple[str, str], set[str]] = {
 # kopf 1.45 lists and watches namespaces only when given --namespace flags (namespaced mode); in cluster
 # mode it never reads them (kopf/_core/reactor/observation.py: namespace_observer).
 NAMESPACES_WATCH: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
-# The chart's default images are the ones the operator's profiles name (profiles/*.yaml, `image:`).
-DEFAULT_IMAGES = {p.name: p.image for p in profiles.load_all().values()}
+# The release version: the chart's appVersion, hence the default operator image's tag (hack/version.py).
+VERSION = (REPO / "VERSION").read_text().strip()
 
 
 def verbs_of(role: Manifest) -> dict[tuple[str, str], set[str]]:
@@ -140,7 +140,7 @@ def test_deployment_runs_one_standalone_operator(render: Renderer) -> None:
     assert dep["spec"]["replicas"] == 1
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     container = dep["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "finetune-operator/operator:0.1.0"
+    assert container["image"] == f"finetune-operator/operator:{VERSION}"
     assert container["command"] == ["ftjob"]
     assert container["args"] == [
         "operator",
@@ -155,30 +155,45 @@ def test_deployment_runs_one_standalone_operator(render: Renderer) -> None:
     assert config_mount["readOnly"] is True
 
 
-def test_config_map_holds_default_images_per_profile(render: Renderer) -> None:
-    assert operator_config(render()) == {"images": DEFAULT_IMAGES}
+def test_config_map_names_no_profile_image(render: Renderer) -> None:
+    """The profiles hold their image repositories; the chart sets only the registry and the tag, empty by default
+    (no registry, the operator's own version)."""
+    assert operator_config(render()) == {"images": {"registry": "", "tag": ""}}
 
 
-def test_runtime_images_keep_explicit_tags_and_digests(render: Renderer) -> None:
-    digest = "sha256:" + "0" * 64
-    objs = render(
-        Values().set(
-            {
-                "runtimeImages": {
-                    "tag": "2026.12",
-                    "trn1": "123456789012.dkr.ecr.us-west-2.amazonaws.com/ft/neuron:sdk2.31",
-                    "cpu": f"localhost:5000/ft/cpu@{digest}",
-                    "nvidia": "localhost:5000/ft/nvidia",
-                }
-            }
-        )
-    )
-    images = operator_config(objs)["images"]
-    assert images["trn1"] == "123456789012.dkr.ecr.us-west-2.amazonaws.com/ft/neuron:sdk2.31"
-    assert images["cpu"] == f"localhost:5000/ft/cpu@{digest}"
-    # A registry port is not a tag: the shared tag is still appended.
-    assert images["nvidia"] == "localhost:5000/ft/nvidia:2026.12"
-    assert images["trn2"] == "finetune-operator/neuron:2026.12"
+@pytest.mark.parametrize(
+    ("values", "prefix", "tag"),
+    [
+        ({}, "", VERSION),
+        ({"tag": "2026.12"}, "", "2026.12"),
+        (
+            {"registry": "123456789012.dkr.ecr.us-west-2.amazonaws.com", "tag": "sdk2.31"},
+            "123456789012.dkr.ecr.us-west-2.amazonaws.com/",
+            "sdk2.31",
+        ),
+        ({"registry": "localhost:5000/mirror"}, "localhost:5000/mirror/", VERSION),
+    ],
+)
+def test_operator_composes_the_chart_registry_and_tag_with_each_profile(
+    render: Renderer, tmp_path: Any, values: dict[str, str], prefix: str, tag: str
+) -> None:
+    """What the operator makes of the chart's config (cli.load_config, then the builders) is
+    registry/repository:tag for every profile: the image `ftjob render --config` shows."""
+    from ftjobs import make_job
+
+    from finetune_operator.admission import validate
+    from finetune_operator.builders import desired
+    from finetune_operator.cli import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(operator_config(render(Values().set({"runtimeImages": values})))))
+    config = load_config(str(path))
+    for profile in profiles.load_all().values():
+        job = validate(make_job().profile(profile.name).classification().build())
+        pods = desired(job, images=config.get("images")).pods
+        assert {c["image"] for p in pods for c in p["spec"]["containers"]} == {
+            f"{prefix}{profile.image_repository}:{tag}"
+        }
 
 
 def test_config_change_rolls_the_operator_pod(render: Renderer) -> None:
@@ -186,7 +201,7 @@ def test_config_change_rolls_the_operator_pod(render: Renderer) -> None:
         return str(operator_deployment(objs)["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
 
     before = checksum(render())
-    after = checksum(render(Values().set({"runtimeImages": {"cpu": "other/cpu:1"}})))
+    after = checksum(render(Values().set({"runtimeImages": {"tag": "1"}})))
     assert before != after
 
 
@@ -411,5 +426,7 @@ def test_notes_name_the_mode_and_the_namespaces(helm: str) -> None:
     assert "Mode: namespaced. FineTuneJobs are handled only in: team-a, team-b." in notes
     assert "kubectl -n ops rollout status deployment/finetune-operator" in notes
     assert 'Compile cache claim "finetune-cache" (efs-sc, 200Gi) in: team-a, team-b.' in notes
-    for profile, image in DEFAULT_IMAGES.items():
-        assert f"  {profile}: {image}\n" in notes
+    assert (
+        "Default runtime images (a job may name its own): <the profile's imageRepository>:<the operator's version>"
+        in notes
+    )

@@ -27,10 +27,24 @@ BAD_VALUES: list[tuple[str, Values, str]] = [
         Values().set({"operator": {"image": {"pullPolicy": "Sometimes"}}}),
         "/operator/image/pullPolicy",
     ),
-    ("empty runtime image", Values().set({"runtimeImages": {"trn1": ""}}), "/runtimeImages/trn1"),
-    ("upper-case image", Values().set({"runtimeImages": {"cpu": "Finetune/CPU"}}), "/runtimeImages/cpu"),
-    ("unknown profile", Values().set({"runtimeImages": {"tpu": "x/tpu"}}), "/runtimeImages"),
-    ("missing profile", Values().set({"runtimeImages": {"nvidia": None}}), "/runtimeImages"),
+    # The profiles name their repositories: the chart takes no per-profile image.
+    ("per-profile image", Values().set({"runtimeImages": {"cpu": "x/cpu"}}), "/runtimeImages"),
+    (
+        "upper-case registry",
+        Values().set({"runtimeImages": {"registry": "Registry.Example"}}),
+        "/runtimeImages/registry",
+    ),
+    (
+        "registry with a scheme",
+        Values().set({"runtimeImages": {"registry": "https://r.example"}}),
+        "/runtimeImages/registry",
+    ),
+    (
+        "registry with a slash at the end",
+        Values().set({"runtimeImages": {"registry": "r.example/"}}),
+        "/runtimeImages/registry",
+    ),
+    ("tag with a colon", Values().set({"runtimeImages": {"tag": ":1.0"}}), "/runtimeImages/tag"),
     ("cache without RWX", Values().cache_pvc(accessModes=["ReadWriteOnce"]), "/cachePVC/accessModes"),
     ("cache size not a quantity", Values().cache_pvc(size="lots"), "/cachePVC/size"),
     (
@@ -87,8 +101,8 @@ def test_bad_values_are_rejected(render: Renderer, case: str, values: Values, me
 ECR = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
 GOOD_VALUES: list[tuple[str, Values]] = [
     ("defaults", Values()),
-    ("ECR image with a tag", Values().set({"runtimeImages": {"trn1": ECR + "/ft/neuron:sdk2.31"}})),
-    ("digest", Values().set({"runtimeImages": {"cpu": "localhost:5000/ft/cpu@sha256:" + "a" * 64}})),
+    ("ECR registry and a tag", Values().set({"runtimeImages": {"registry": ECR, "tag": "sdk2.31"}})),
+    ("registry with a port and a path", Values().set({"runtimeImages": {"registry": "localhost:5000/mirror/ft"}})),
     ("RWX among others", Values().cache_pvc(accessModes=["ReadWriteOnce", "ReadWriteMany"], size="1.5Ti")),
     (
         "allowlists",
@@ -128,3 +142,12 @@ def test_schema_covers_every_default_value() -> None:
             walk(value, sub, f"{path}/{key}")
 
     walk(defaults, schema, "")
+
+
+def test_registry_and_tag_patterns_are_the_operators() -> None:
+    """The schema refuses what the operator's config check refuses (builders/images.py), empty allowed."""
+    from finetune_operator.builders import images
+
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["runtimeImages"]["properties"]
+    for key, pattern in ((images.REGISTRY, images.REGISTRY_PATTERN), (images.TAG, images.TAG_PATTERN)):
+        assert schema[key]["pattern"] == f"^({pattern[1:-1]})?$"

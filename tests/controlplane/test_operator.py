@@ -49,7 +49,7 @@ def operator_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What the chart's ConfigMap holds with networkPolicy.enabled: every job gets its own NetworkPolicy."""
     path = tmp_path_factory.mktemp("config") / "config.yaml"
     path.write_text(
-        yaml.safe_dump({"images": {"cpu": "registry.test/finetune-operator/cpu:1"}, "networkPolicy": {"enabled": True}})
+        yaml.safe_dump({"images": {"registry": "registry.test", "tag": "1"}, "networkPolicy": {"enabled": True}})
     )
     return path
 

@@ -30,21 +30,10 @@ from ftjob_cluster.localcluster import LocalCluster, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def _version(pyproject: Path) -> str:
-    for line in pyproject.read_text().splitlines():
-        if line.startswith("version = "):
-            return line.split('"')[1]
-    raise RuntimeError(f"no version in {pyproject}")
-
-
-RUNTIME_IMAGE = (
-    os.environ.get("FTJOB_E2E_IMAGE") or f"finetune-operator/cpu:{_version(REPO / 'runtime/pyproject.toml')}"
-)
-OPERATOR_IMAGE = (
-    os.environ.get("FTJOB_E2E_OPERATOR_IMAGE")
-    or f"finetune-operator/operator:{_version(REPO / 'operator/pyproject.toml')}"
-)
+# What mk/images.mk tags the built images with: the repository's VERSION.
+VERSION = (REPO / "VERSION").read_text().strip()
+RUNTIME_IMAGE = os.environ.get("FTJOB_E2E_IMAGE") or f"finetune-operator/cpu:{VERSION}"
+OPERATOR_IMAGE = os.environ.get("FTJOB_E2E_OPERATOR_IMAGE") or f"finetune-operator/operator:{VERSION}"
 OPERATOR_NS = "ftjob-system"
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",

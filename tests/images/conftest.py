@@ -7,22 +7,23 @@ would read as a passing one.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
-import tomllib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Debian's client: the preinstalled /usr/local/bin/docker has no BuildKit builder (docs in images/README.md).
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
-# What `make test-images` builds: finetune-operator/cpu tagged with the runtime's version (mk/images.mk).
-DEFAULT_IMAGE = (
-    "finetune-operator/cpu:" + tomllib.loads((REPO / "runtime" / "pyproject.toml").read_text())["project"]["version"]
-)
+# What `make test-images` builds: finetune-operator/cpu tagged with the repository's VERSION (mk/images.mk).
+VERSION = (REPO / "VERSION").read_text().strip()
+DEFAULT_IMAGE = f"finetune-operator/cpu:{VERSION}"
 # The fixed UID every image runs as (images/common/add-user.sh; the operator's securityContext relies on it).
 FTJOB_UID = 1000
 
@@ -62,12 +63,17 @@ def image(docker: Docker) -> str:
     return built_image(docker, "FTJOB_TEST_IMAGE", DEFAULT_IMAGE, "image-cpu")
 
 
+def lock_tool() -> ModuleType:
+    """hack/lock.py: the locks, the flavors' pins and the labels build.sh gives each image."""
+    spec = importlib.util.spec_from_file_location("hack_lock", REPO / "hack" / "lock.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def requirement_pins(path: Path) -> dict[str, str]:
-    """`name==version` lines of a requirements file, names normalised the way pip does."""
-    pins: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            name, version = line.split("==", 1)
-            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    """`name==version` pins of a requirements file, its -r includes followed, names normalised the way pip does."""
+    pins: dict[str, str] = lock_tool().pins(str(path.relative_to(REPO)))
     return pins

@@ -7,9 +7,11 @@ import re
 import uuid
 from pathlib import Path
 
-from .conftest import FTJOB_UID, REPO, Docker, requirement_pins
+from .conftest import FTJOB_UID, REPO, Docker, lock_tool
 
-REQUIREMENTS = REPO / "images" / "cpu" / "requirements.txt"
+LOCK = lock_tool()
+# What the image installs: images/cpu/requirements.lock (hack/lock.py, `make lock`).
+LOCKED = {name: e.version for name, e in LOCK.entries((REPO / LOCK.FLAVORS["cpu"].lock).read_text()).items()}
 
 
 def _sh(docker: Docker, image: str, script: str, *extra: str, timeout: float = 120) -> str:
@@ -30,30 +32,35 @@ def test_runs_as_fixed_non_root_user(docker: Docker, image: str) -> None:
 def test_default_command_selfcheck_passes(docker: Docker, image: str) -> None:
     """The image's CMD (`ftjob-runtime selfcheck`): versions, backend, tokenizer; offline, as UID 1000."""
     proc = docker.run(["run", "--rm", "--network", "none", image], timeout=300)
-    # selfcheck reports the installed versions; the pinned torch must be among them.
-    assert requirement_pins(REQUIREMENTS)["torch"] in proc.stdout, proc.stdout
+    # selfcheck reports the installed versions; the locked torch must be among them.
+    assert LOCKED["torch"] in proc.stdout, proc.stdout
 
 
-def test_pinned_stack_and_labels(docker: Docker, image: str) -> None:
-    pins = requirement_pins(REQUIREMENTS)
+def test_locked_stack_and_labels(docker: Docker, image: str) -> None:
+    """Everything installed is in the lock at its locked version (the runtime's own wheel aside), and the version
+    labels are the lock's (build.sh: hack/lock.py labels)."""
     out = _sh(
         docker,
         image,
         "python - <<'PY'\n"
         "import importlib.metadata as m, json\n"
-        f"print(json.dumps({{n: m.version(n) for n in {sorted(pins)!r}}}))\n"
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))\n"
         "PY",
     )
-    installed = json.loads(out)
-    for name, version in pins.items():
+    installed = {LOCK.normalize(name): version for name, version in json.loads(out).items()}
+    assert installed.pop("finetune-runtime")
+    for name, version in installed.items():
         # The CPU index adds a local label (2.15.0+cpu); PyPI's build has none.
-        assert installed[name].split("+")[0] == version, (name, installed[name])
+        assert version.split("+")[0] == LOCKED.get(name), (name, version)
+    assert {"torch", "transformers", "peft", "boto3"} <= set(installed)
     freeze = _sh(docker, image, "cat /opt/venv/ftjob-freeze.txt").splitlines()
-    assert any(line.startswith(f"torch=={pins['torch']}") for line in freeze), freeze
+    assert any(line.startswith(f"torch=={LOCKED['torch']}") for line in freeze), freeze
     assert any(line.startswith("finetune-runtime") for line in freeze), freeze
     labels = json.loads(docker.run(["image", "inspect", "--format", "{{json .Config.Labels}}", image]).stdout)
-    assert labels["dev.finetune.versions.torch"] == pins["torch"]
-    assert labels["dev.finetune.versions.transformers"] == pins["transformers"]
+    for label in LOCK.labels("cpu"):
+        key, value = label.split("=", 1)
+        assert labels[key] == value
+    assert labels["dev.finetune.versions.torch"] == LOCKED["torch"]
     assert labels["org.opencontainers.image.version"]
     assert labels["org.opencontainers.image.revision"]
     # From the shared base (images/base/Dockerfile).

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, requirement_pins
+from .conftest import REPO, lock_tool, requirement_pins
 
 IMAGES = REPO / "images"
 DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
@@ -120,7 +120,18 @@ def test_flavor_is_a_thin_from_of_the_base(dockerfile: Path) -> None:
     # the builder, never to a flavor.
     ignore = _whitelist(dockerfile)
     assert ignore[0] == "*"
-    assert {i for i in ignore if i.startswith("!")} == {f"!images/{dockerfile.parent.name}/", "!images/common/"}
+    # Besides its own directory and the shared scripts: the stack pins its requirements include, and the runtime's
+    # requirements for the locked flavors, which install them from their lock.
+    stack = (
+        {"!requirements/stack/"}
+        if dockerfile.parent.name == "neuron"
+        else {
+            "!requirements/stack.txt",
+            "!requirements/stack/",
+            "!runtime/pyproject.toml",
+        }
+    )
+    assert {i for i in ignore if i.startswith("!")} == {f"!images/{dockerfile.parent.name}/", "!images/common/"} | stack
 
 
 def test_build_script_builds_the_base_first_and_labels_the_version() -> None:
@@ -129,6 +140,44 @@ def test_build_script_builds_the_base_first_and_labels_the_version() -> None:
     assert script.index("-f images/base/Dockerfile") < script.index('-f "$dockerfile"')
     assert '--label "org.opencontainers.image.version=$tag"' in script
     assert '--label "org.opencontainers.image.revision=$rev"' in script
+    # The stack's version labels come from the locks (hack/lock.py labels), not from the Dockerfiles.
+    assert '$(python3 "$root/hack/lock.py" labels "$flavor")' in script
+    assert 'args+=(--label "$label")' in script
+
+
+LOCK = lock_tool()
+# build.sh's flavors and the Dockerfile each builds from.
+FLAVOR_DOCKERFILES = {f: IMAGES / ("xeon" if f.startswith("xeon") else f) / "Dockerfile" for f in LOCK.FLAVORS}
+
+
+@pytest.mark.parametrize("flavor", sorted(LOCK.FLAVORS))
+def test_version_labels_come_from_the_lock_or_the_pins(flavor: str) -> None:
+    """Every flavor's dev.finetune.versions.* labels (what build.sh passes) are its locked or pinned versions, and no
+    Dockerfile writes one itself (the neuron release's ARGs aside: they are the pins)."""
+    spec = LOCK.FLAVORS[flavor]
+    labels = dict(line.split("=", 1) for line in LOCK.labels(flavor))
+    assert labels, flavor
+    versions = (
+        {n: e.version for n, e in LOCK.entries((REPO / spec.lock).read_text()).items()}
+        if spec.lock
+        else requirement_pins(REPO / spec.requirements)
+    )
+    for package in spec.labels:
+        assert labels[f"dev.finetune.versions.{package}"] == versions[LOCK.normalize(package)]
+    text = FLAVOR_DOCKERFILES[flavor].read_text(encoding="utf-8")
+    written = re.findall(r'dev\.finetune\.versions\.([\w.-]+)="([^"$]*\d[^"$]*)"', text)
+    assert all(not re.search(r"\d+\.\d+", value) for _, value in written), written
+
+
+@pytest.mark.parametrize("flavor", sorted(f for f, spec in LOCK.FLAVORS.items() if spec.lock))
+def test_locked_flavors_install_their_lock(flavor: str) -> None:
+    """The stack step hands the lock to install-stack.sh (uv checks every hash, nothing unlocked is installed)."""
+    lock = LOCK.FLAVORS[flavor].lock
+    text = FLAVOR_DOCKERFILES[flavor].read_text(encoding="utf-8")
+    target = "/tmp/image/requirements.lock" if flavor == "operator" else f"/src/{lock}"
+    assert f"--lock {target}" in text
+    installed = {lock.path for lock in LOCK.LOCKS}
+    assert lock in installed, f"{lock} is not one of hack/lock.py's LOCKS"
 
 
 def test_neuron_versions_come_from_one_release() -> None:
@@ -171,10 +220,17 @@ def test_neuron_versions_come_from_one_release() -> None:
 
 
 def test_xeon_ipex_stack_matches() -> None:
-    """IPEX and oneccl_bind_pt must equal torch's major.minor (hardware.md section 5)."""
+    """IPEX and oneccl_bind_pt must equal torch's major.minor (docs/hardware.md section 5)."""
     pins = requirement_pins(IMAGES / "xeon" / "requirements-ipex.txt")
     major_minor = {
         k: ".".join(pins[k].split(".")[:2]) for k in ("torch", "intel-extension-for-pytorch", "oneccl-bind-pt")
     }
     assert len(set(major_minor.values())) == 1, major_minor
     assert "intel-extension-for-pytorch" not in requirement_pins(IMAGES / "xeon" / "requirements-upstream.txt")
+
+
+def test_uv_version_is_the_makefiles() -> None:
+    """uv's version lives in the Makefile (UV_VERSION); the builder's ARG default must be that same version."""
+    makefile = re.search(r"^UV_VERSION := (\S+)$", (REPO / "Makefile").read_text(), re.M)
+    arg = re.search(r"^ARG UV_VERSION=(\S+)$", BASE_DOCKERFILE.read_text(encoding="utf-8"), re.M)
+    assert makefile and arg and arg[1] == makefile[1]

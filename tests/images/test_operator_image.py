@@ -1,5 +1,5 @@
 """The operator's own image (images/operator, FTJOB_TEST_OPERATOR_IMAGE, default finetune-operator/operator:<the
-operator package's version>): what the chart's Deployment relies on, and the image running for real against a
+repository's VERSION>): what the chart's Deployment relies on, and the image running for real against a
 control plane (tools/cluster LocalCluster, or $FTJOB_KUBECONFIG).
 
 `make test-images` builds the image (image-operator) and the control-plane binaries (k8s-bins) first.
@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -27,11 +26,10 @@ from operator_support import free_port, install_crd
 from ftjob_cluster import bins
 from ftjob_cluster.localcluster import LocalCluster, wait_for
 
-from .conftest import DEFAULT_IMAGE, FTJOB_UID, REPO, Docker, built_image
+from .conftest import DEFAULT_IMAGE, FTJOB_UID, REPO, VERSION, Docker, built_image
 
 OPERATOR_DIR = REPO / "images" / "operator"
-OPERATOR_VERSION = tomllib.loads((REPO / "operator" / "pyproject.toml").read_text())["project"]["version"]
-DEFAULT_OPERATOR_IMAGE = f"finetune-operator/operator:{OPERATOR_VERSION}"
+DEFAULT_OPERATOR_IMAGE = f"finetune-operator/operator:{VERSION}"
 CHART = REPO / "charts" / "finetune-operator"
 SAMPLE = REPO / "manifests" / "samples" / "cpu-bert-ja.yaml"
 # The chart gives the operator 512Mi and nothing in it needs torch; the runtime images are ~6.5 GB. Measured 232 MB
@@ -90,7 +88,7 @@ def test_dockerfile_rules() -> None:
 
 
 def test_chart_default_image_is_the_one_make_builds() -> None:
-    """`make image-operator` tags the operator's version; the chart's default image must be exactly that."""
+    """`make image-operator` tags VERSION; the chart's default image must be exactly that."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())["operator"]["image"]
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert f"{values['repository']}:{values['tag'] or chart['appVersion']}" == DEFAULT_OPERATOR_IMAGE

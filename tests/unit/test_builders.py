@@ -11,6 +11,7 @@ import pytest
 import yaml
 from ftjobs import SAMPLES, load_sample, make_job
 
+from finetune_operator import __version__
 from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys, desired
 from finetune_operator.cli import dump_yaml_stream
@@ -287,13 +288,16 @@ def test_children_are_owned_labelled_and_deterministic() -> None:
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
 
 
-def test_images_from_operator_config_then_profile() -> None:
+def test_images_from_profile_repository_with_config_registry_and_tag() -> None:
+    """The profile names the repository; the operator's config the registry and the tag (default: its version)."""
     job = make_job().classification().build()
-    assert render(job).pods[0]["spec"]["containers"][0]["image"] == "finetune-operator/cpu:0.1.0"
-    got = render(job, images={"cpu": "registry.local/cpu:9"}).pods[0]["spec"]["containers"][0]["image"]
-    assert got == "registry.local/cpu:9"
+    image = render(job).pods[0]["spec"]["containers"][0]["image"]
+    assert image == f"finetune-operator/cpu:{__version__}"
+    got = render(job, images={"registry": "registry.local:5000/ft", "tag": "9"}).pods[0]["spec"]["containers"][0]
+    assert got["image"] == "registry.local:5000/ft/finetune-operator/cpu:9"
+    assert render(job, images={"tag": "9"}).pods[0]["spec"]["containers"][0]["image"] == "finetune-operator/cpu:9"
     job["spec"]["image"] = "mine:1"
-    assert render(job, images={"cpu": "x"}).pods[0]["spec"]["containers"][0]["image"] == "mine:1"
+    assert render(job, images={"registry": "x.io"}).pods[0]["spec"]["containers"][0]["image"] == "mine:1"
 
 
 def test_runtime_config_spells_out_defaults() -> None:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
@@ -126,7 +127,11 @@ def test_benchmark_scripts_shadow_no_standard_module() -> None:
 def test_make_setup_installs_what_the_tests_import_by_name() -> None:
     ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert ini["pythonpath"] == ["benchmarks"]
-    makefile = (ROOT / "Makefile").read_text().splitlines()
-    packages = next(line.split(":=", 1)[1].split() for line in makefile if line.startswith("DEV_PACKAGES"))
+    makefile = (ROOT / "Makefile").read_text()
+    assert "DEV_PACKAGES := $(shell python3 $(ROOT)/hack/lock.py dev-packages)" in makefile
+    listed = subprocess.run(
+        [sys.executable, str(ROOT / "hack" / "lock.py"), "dev-packages"], capture_output=True, text=True, check=True
+    )
+    packages = listed.stdout.split()
     for package in ("tools/cluster", "tests/support"):
         assert package in packages and (ROOT / package / "pyproject.toml").is_file(), package

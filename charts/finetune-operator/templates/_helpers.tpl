@@ -64,22 +64,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-A runtime image reference: kept as given when it has a tag or digest (a ":" or "@" after the last "/",
-so a registry port such as "registry:5000/x" is not mistaken for a tag), else the shared tag is appended.
-Call with (list $ image).
-*/}}
-{{- define "finetune-operator.runtimeImage" -}}
-{{- $root := index . 0 }}
-{{- $image := index . 1 }}
-{{- $last := last (splitList "/" $image) }}
-{{- if or (contains ":" $last) (contains "@" $last) }}
-{{- $image }}
-{{- else }}
-{{- printf "%s:%s" $image (default $root.Chart.AppVersion $root.Values.runtimeImages.tag) }}
-{{- end }}
-{{- end }}
-
-{{/*
 Namespaces that get per-namespace objects (cache claim, NetworkPolicy): the explicit list, else the
 watched namespaces, else the release namespace. Emits a JSON list; use with fromJsonArray.
 Call with (list $ explicitList).

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .flavors import Placement
+from .images import default_image
 from .layout import Layout, resolve
 from .names import Names
 from .objects import SshKeys, config_map, network_policy, owner_reference, service, ssh_secret
@@ -32,23 +33,24 @@ class Desired:
         return self.objects + self.pods
 
 
-def image_for(job: dict[str, Any], layout: Layout, images: Mapping[str, str] | None) -> str:
-    """spec.image, else the operator's configured image for the profile, else the profile's default."""
-    return str(job["spec"].get("image") or (images or {}).get(layout.profile.name) or layout.profile.image)
+def image_for(job: dict[str, Any], layout: Layout, images: Mapping[str, Any] | None) -> str:
+    """spec.image, else the profile's repository with the operator's registry and tag (builders.images)."""
+    return str(job["spec"].get("image") or default_image(layout.profile.image_repository, images))
 
 
 def desired(
     job: dict[str, Any],
     *,
-    images: Mapping[str, str] | None = None,
+    images: Mapping[str, Any] | None = None,
     ssh_keys: SshKeys | None = None,
     attempt: int = 0,
     network_policy_config: Mapping[str, Any] | None = None,
     placements: Mapping[str, Placement] | None = None,
 ) -> Desired:
-    """Every child of `job` (validated, defaults applied). MPI jobs get their SSH Secret only when `ssh_keys`
-    are given: the operator makes keys only for a job whose (immutable) Secret does not exist yet, `ftjob
-    render` always. With the operator's `networkPolicy: {enabled: true, extraIngress: [...]}`, a
+    """Every child of `job` (validated, defaults applied); `images` is the operator config's `images` block
+    (registry and tag of the profiles' default images, builders.images). MPI jobs get their SSH Secret only when
+    `ssh_keys` are given: the operator makes keys only for a job whose (immutable) Secret does not exist yet,
+    `ftjob render` always. With the operator's `networkPolicy: {enabled: true, extraIngress: [...]}`, a
     NetworkPolicy isolates the job's pods. `placements` (pod role -> Placement) are what an admitted job's Kueue
     flavors add to its pods' node selector and tolerations (builders.flavors)."""
     layout = resolve(job)

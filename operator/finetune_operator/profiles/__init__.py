@@ -51,7 +51,7 @@ class Profile:
     description: str
     backend: str
     default_launcher: str
-    image: str
+    image_repository: str  # the default image's repository; registry and tag: builders.images
     procs_per: str  # core | socket | device | one
     run_as_user: int
     reserved_vcpus: int
@@ -114,7 +114,7 @@ def _parse(raw: dict[str, Any]) -> Profile:
         description=raw["description"],
         backend=raw["backend"],
         default_launcher=raw["defaultLauncher"],
-        image=raw["image"],
+        image_repository=raw["imageRepository"],
         procs_per=raw["procsPer"],
         run_as_user=int(raw["runAsUser"]),
         reserved_vcpus=int(raw["reservedVcpus"]),
