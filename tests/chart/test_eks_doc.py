@@ -431,7 +431,7 @@ def test_values_file_renders_the_chart_in_namespaced_mode(files: dict[str, str],
     container = one(objs, "Deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"{ecr}/finetune-operator/operator:0.1.0"
     assert "--namespace=ml" in container["args"]
-    assert [r["metadata"]["namespace"] for r in find(objs, "Role")] == ["ml"]
+    assert [r["metadata"]["namespace"] for r in find(objs, "Role", RELEASE)] == ["ml"]  # + the Lease's, in its own
     config = yaml.safe_load(one(objs, "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"])
     assert config["images"]["trn1"] == f"{ecr}/finetune-operator/neuron:0.1.0"
     claim = one(objs, "PersistentVolumeClaim", "finetune-cache", "ml")
