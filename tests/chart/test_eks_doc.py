@@ -431,6 +431,9 @@ def test_values_file_renders_the_chart_in_namespaced_mode(files: dict[str, str],
     container = one(objs, "Deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"{ecr}/finetune-operator/operator:0.1.0"
     assert "--namespace=ml" in container["args"]
+    assert "--leader-elect" in container["args"]
+    assert one(objs, "Deployment", RELEASE)["spec"]["replicas"] == 2
+    one(objs, "PodDisruptionBudget", RELEASE)  # the guide's two system nodes: one operator pod evicted at a time
     assert [r["metadata"]["namespace"] for r in find(objs, "Role", RELEASE)] == ["ml"]  # + the Lease's, in its own
     config = yaml.safe_load(one(objs, "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"])
     assert config["images"]["trn1"] == f"{ecr}/finetune-operator/neuron:0.1.0"

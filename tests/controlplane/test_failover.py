@@ -8,8 +8,8 @@ The control plane is this module's own, with an audit log of the two operators' 
 each process sent is the API server's record, not the process's word: the standby must have sent nothing but
 Lease reads while it stood by, and the woken leader no write at all.
 
-The timings are short (tests/support/failover.py, TEST_TIMING) and waits are bounded generously; the measured
-failover times are in docs/operator.md ("High availability"), from benchmarks/failover.py."""
+The timings are short (tests/support/failover_support.py, TEST_TIMING) and waits are bounded generously; the measured
+failover times are in docs/operator.md ("High availability"), from benchmarks/leader_failover.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from cluster_support import Kubectl, make_kubectl
-from failover import MUTATING, Lease, PodLedger, audit_events, audit_policy, elected_operator, signal_process
+from failover_support import MUTATING, Lease, PodLedger, audit_events, audit_policy, elected_operator, signal_process
 from kubernetes import client, config
 from operator_support import Kubelet, install_crd, job_yaml, status, two_rank_job
 

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 from cluster_support import Kubectl, make_kubectl
-from failover import elected_operator
+from failover_support import elected_operator
 from kubernetes import client, config
 from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, two_rank_job
 
@@ -182,7 +182,7 @@ def squat(a: Audited, ns: str) -> list[str]:
 
 
 def audited_operator(a: Audited, log: Path, *args: str) -> Any:
-    """The operator as the chart runs it: elected, in the release namespace (tests/support/failover.py)."""
+    """The operator as the chart runs it: elected, in the release namespace (tests/support/failover_support.py)."""
     return elected_operator(
         a.operator_kubeconfig,
         wait_for,
