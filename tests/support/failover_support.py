@@ -34,10 +34,10 @@ LABEL_ROLE = "finetune.dev/role"
 LABEL_RANK = "finetune.dev/rank"
 LABEL_ATTEMPT = "finetune.dev/attempt"
 
-# Short election timings for tests: a takeover within seconds. The margins keep their proportions to the
-# defaults (15/10/2): renewals every second, a leader that has not renewed for 4 s stops acting, a standby
-# takes over 6 s after it last saw a renewal.
-TEST_TIMING = {"lease-duration": "6s", "renew-deadline": "4s", "retry-period": "1s"}
+# Short election timings for tests: a takeover within seconds. Renewals every second; a leader that has not
+# renewed for 6 s stops acting (so a loaded test machine would have to delay five renewals in a row to make a
+# healthy leader give up), and a standby takes over 8 s after it last saw a renewal.
+TEST_TIMING = {"lease-duration": "8s", "renew-deadline": "6s", "retry-period": "1s"}
 
 
 class Lease:
