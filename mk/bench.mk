@@ -7,9 +7,9 @@ BENCH_QUICK := $(if $(QUICK),--quick,)
 BENCH_PEER_JOBS ?= $(if $(QUICK),20,200)
 BENCH_PEER_ROUNDS ?= 1
 
-.PHONY: bench bench-quick bench-render bench-request-cost bench-operator bench-runtime bench-data bench-compile-cache bench-gpu bench-peer peer-bin
+.PHONY: bench bench-quick bench-render bench-request-cost bench-operator bench-runtime bench-data bench-compile-cache bench-failover bench-gpu bench-peer peer-bin
 
-bench: bench-render bench-data bench-runtime $(if $(QUICK),,bench-compile-cache) bench-request-cost bench-operator ## Every benchmark but the Kubeflow peer comparison (make bench-peer, the longest: run it alone); results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
+bench: bench-render bench-data bench-runtime $(if $(QUICK),,bench-compile-cache) bench-request-cost bench-operator $(if $(QUICK),,bench-failover) ## Every benchmark but the Kubeflow peer comparison (make bench-peer, the longest: run it alone); results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
 
 bench-quick: ## The whole benchmark set in its short form (make bench QUICK=1)
 	$(MAKE) bench QUICK=1
@@ -31,6 +31,9 @@ bench-data: setup ## MeCab tokenisation throughput; the runtime's tokenised-data
 
 bench-compile-cache: setup ## Time to the first training step with the precompile trial on a cold vs a warm compile cache (ftjob run)
 	$(PY) benchmarks/compile_cache.py $(BENCH_QUICK) --json $(BENCH_OUT)/compile-cache.json
+
+bench-failover: setup k8s-bins ## Two elected operators: the standby's requests, and takeover times after a SIGKILL and a SIGTERM of the leader
+	$(PY) benchmarks/leader_failover.py --json $(BENCH_OUT)/leader-failover.json
 
 bench-gpu: setup ## BERT-base Japanese on one NVIDIA GPU, bf16, seq 128, across batch sizes: samples/s, MFU (GPU machines only)
 	$(PY) benchmarks/gpu_bert_ja.py --json $(BENCH_OUT)/gpu-bert-ja.json

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from . import constants
 from .admission import validate
 from .api.validation import InvalidSpec
 from .policy import check_config, violations
@@ -161,15 +162,53 @@ def _api_docs(_: argparse.Namespace) -> int:
     return 0
 
 
+def duration(text: str) -> float:
+    """Seconds from `15s`, `500ms`, `1m` or a bare number of seconds (the --leader-elect-* flags, spelled as
+    kube-controller-manager's)."""
+    units = (("ms", 0.001), ("s", 1.0), ("m", 60.0))
+    number, scale = text.strip(), 1.0
+    for suffix, factor in units:
+        if number.endswith(suffix) and not (suffix == "s" and number.endswith("ms")):
+            number, scale = number[: -len(suffix)], factor
+            break
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 15s, 500ms, 1m)") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
+    return value
+
+
 def _operator(args: argparse.Namespace) -> int:
     from .handlers import run_operator
+    from .leader import Settings, Timing, default_identity, default_namespace
 
+    election = None
+    if args.leader_elect:
+        namespace = args.leader_elect_resource_namespace or default_namespace()
+        if not namespace:
+            print(
+                "error: --leader-elect needs the Lease's namespace: pass --leader-elect-resource-namespace, or set "
+                "POD_NAMESPACE (the chart sets it from the pod's own namespace)",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            timing = Timing(
+                args.leader_elect_lease_duration, args.leader_elect_renew_deadline, args.leader_elect_retry_period
+            )
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        election = Settings(namespace, args.leader_elect_resource_name, default_identity(), timing)
     return run_operator(
         namespaces=args.namespace or [],
         config=load_config(args.config),
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         verbose=args.verbose,
+        election=election,
     )
 
 
@@ -226,6 +265,35 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
     o.add_argument("--health-port", type=int, default=8081, help="/healthz port (0: off)")
     o.add_argument("-v", "--verbose", action="store_true")
+    le = o.add_argument_group(
+        "leader election",
+        "several replicas, one acting: a coordination.k8s.io/v1 Lease as controller-runtime uses it "
+        "(docs/operator.md, 'High availability'); off unless --leader-elect, which the chart passes",
+    )
+    le.add_argument("--leader-elect", action="store_true", help="act only while holding the Lease")
+    le.add_argument(
+        "--leader-elect-lease-duration",
+        type=duration,
+        default=constants.LEASE_DURATION_S,
+        help="a standby takes over once the lease went this long without renewal (whole seconds; default 15s)",
+    )
+    le.add_argument(
+        "--leader-elect-renew-deadline",
+        type=duration,
+        default=constants.RENEW_DEADLINE_S,
+        help="a leader that has not renewed for this long stops acting and exits (default 10s)",
+    )
+    le.add_argument(
+        "--leader-elect-retry-period",
+        type=duration,
+        default=constants.RETRY_PERIOD_S,
+        help="between renewals, and between a standby's attempts, with up to 1.2x jitter (default 2s)",
+    )
+    le.add_argument("--leader-elect-resource-name", default=constants.LEASE_NAME, help="the Lease's name")
+    le.add_argument(
+        "--leader-elect-resource-namespace",
+        help="the Lease's namespace (default: POD_NAMESPACE, else the pod's service-account namespace)",
+    )
     o.set_defaults(func=_operator)
 
     u = sub.add_parser("run", help="run a job on this machine with torchrun or mpirun, as the pods would")

@@ -67,3 +67,10 @@ INIT_WAIT: Final = "wait-for-peers"
 INIT_PRECOMPILE: Final = "precompile"
 
 RUNTIME_CMD: Final = "ftjob-runtime"  # console script of the runtime package, present in every image
+
+# Leader election (leader.py): controller-runtime's defaults, read by `ftjob operator`'s --leader-elect-* flags
+# (cli.py) and leader.Timing; the chart's leaderElection values default to the same.
+LEASE_DURATION_S: Final = 15.0
+RENEW_DEADLINE_S: Final = 10.0
+RETRY_PERIOD_S: Final = 2.0
+LEASE_NAME: Final = "finetune-operator"  # --leader-elect-resource-name; the chart passes the release's full name

@@ -15,8 +15,9 @@ import kopf
 
 from . import constants as c
 from .controller import Children, JobLoop, Loops, network_policies
-from .k8s import Kube, shared_client
-from .metrics import start_metrics_server
+from .k8s import Kube, load_client_config, shared_client
+from .leader import Elector, Settings
+from .metrics import LEADER, start_metrics_server
 from .reconcile import controller_uid, slim_child, slim_workload
 
 # Every object the operator makes carries this label; its watches ask the API server for these only.
@@ -221,7 +222,7 @@ async def job_daemon(
     loops: Loops = memo.loops
     # The first pass works from kopf's body of the job (as fresh as a read: it came with the watch that started
     # this daemon) and reads it only when a watch event or a timer says so (jobcache.JobCache).
-    api = loops.kube(lambda: Kube(shared_client()))
+    api = loops.kube(lambda: Kube(shared_client(), guard=memo.get("guard")))
     with loops.running(JobLoop(*key, api, config, body=body)) as loop:
         await loop.run(lambda: bool(stopped), children)  # returns once the job is gone (JobLoop.gone)
 
@@ -288,8 +289,17 @@ def freeze_startup_objects() -> None:
 
 
 def run_operator(
-    *, namespaces: list[str], config: dict[str, Any], metrics_port: int, health_port: int, verbose: bool
+    *,
+    namespaces: list[str],
+    config: dict[str, Any],
+    metrics_port: int,
+    health_port: int,
+    verbose: bool,
+    election: Settings | None = None,
 ) -> int:
+    """Runs the operator until it is stopped. With `election`, it first stands by until it holds the Lease
+    (leader.py) and starts kopf's watches and the job daemons only then; it exits (leader.EXIT_LEASE_LOST) the
+    moment it loses it, and hands the lease over when it is stopped."""
     if metrics_port:
         start_metrics_server(metrics_port)
     if network_policies(config):
@@ -302,14 +312,25 @@ def run_operator(
     kopf.configure(verbose=verbose)
     if not verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    elector = None
+    if election is not None:
+        load_client_config()
+        elector = Elector(Kube(shared_client()), election)
+        elector.acquire(health_port)  # a standby waits here: no watch, no write but its Lease attempts
+    LEADER.set(1)
     freeze_startup_objects()
-    kopf.run(
-        memo=kopf.Memo(config=config, loops=Loops()),
-        standalone=True,
-        namespaces=namespaces,
-        clusterwide=not namespaces,
-        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
-    )
+    try:
+        kopf.run(
+            # kopf's `standalone`: no kopf peering objects; with --leader-elect, the Lease decides who runs.
+            memo=kopf.Memo(config=config, loops=Loops(), guard=elector.guard if elector else None),
+            standalone=True,
+            namespaces=namespaces,
+            clusterwide=not namespaces,
+            liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+        )
+    finally:
+        if elector is not None:
+            elector.release()  # kopf has stopped, its daemons with it: a standby may take over at once
     return 0
 
 

@@ -13,6 +13,9 @@
 | get ResourceFlavor | absent: None (the job waits)     | -                                                       |
 | patch Workload status | gone: ignored                 | Kueue wrote it meanwhile: ignored (2)                   |
 | post event         | errors are logged, never raised  | a repeat: count + 1 on the existing Event (aggregation) |
+| get Lease          | none yet: None (leader.py creates it) | -                                                  |
+| create Lease       | namespace gone: error            | another replica created it first: None (it reads it next) |
+| update Lease       | deleted meanwhile: None          | another replica wrote it first (stale resourceVersion): None |
 
 (1) and its identity labels put back if someone edited them (`relabel`): that is why the watches lost it.
 (2) the watch event of Kueue's write brings the next pass, which sees the Workload as it is now.
@@ -20,6 +23,9 @@
 Every delete and every label repair names the uid of the object it means (a delete's `preconditions.uid`, a JSON
 patch's `test` of `/metadata/uid`): a name alone could by then be another object's. Workloads are not polled:
 the operator watches them (handlers.py); one is read here only after a 409 on its create.
+
+With leader election (leader.py), every write but the Lease's own goes through `guard` first: a process that no
+longer surely holds the lease sends nothing (the guard exits it). Reads are never guarded.
 
 A create refused with 403 NamespaceTerminating is skipped (logged, not raised): the namespace is being
 deleted, the job with it, and retrying cannot succeed.
@@ -39,11 +45,13 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 
 from .constants import (
     GROUP,
@@ -108,6 +116,10 @@ _PATHS = {
 }
 
 
+def _lease_path(ns: str, name: str | None = None) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases" + (f"/{name}" if name else "")
+
+
 def _pointer(key: str) -> str:
     """A label key as one JSON pointer segment (RFC 6901: ~ and / escaped)."""
     return key.replace("~", "~0").replace("/", "~1")
@@ -120,6 +132,15 @@ def _path(kind: str, ns: str, name: str | None = None, sub: str | None = None) -
     return "/".join([f"{prefix}/namespaces/{ns}/{plural}", *([name] if name else []), *([sub] if sub else [])])
 
 
+def load_client_config() -> None:
+    """Loads the default client configuration as kopf's login does at its start (in a pod: the service account;
+    else the kubeconfig), for what runs before kopf: the leader election."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+
+
 def shared_client() -> client.ApiClient:
     """An API client on the default configuration (what kopf's login loaded), with POOL_CONNECTIONS."""
     cfg = client.Configuration.get_default_copy()
@@ -128,8 +149,10 @@ def shared_client() -> client.ApiClient:
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient | None = None):
+    def __init__(self, api: client.ApiClient | None = None, guard: Callable[[], None] | None = None):
         self.api = api or client.ApiClient()
+        # Called before every write (leader.Elector.guard): raises, or ends the process, when it may not write.
+        self.guard = guard
         # Event name -> count last written (see event()), at most EVENT_COUNTS_KEPT; every loop's thread posts.
         self._event_counts: OrderedDict[str, int] = OrderedDict()
         self._event_lock = threading.Lock()
@@ -143,6 +166,22 @@ class Kube:
         query: dict[str, Any] | None = None,
         patch: bool = False,
         content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> bytes:
+        """One request (a write only past the guard); the raw answer."""
+        if self.guard is not None and method != "GET":
+            self.guard()
+        return self._send(method, path, body, query, patch, content_type, timeout)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        patch: bool = False,
+        content_type: str | None = None,
+        timeout: float | None = None,
     ) -> bytes:
         """One request; the raw answer. A status outside 2xx raises ApiException, as the generated client does."""
         headers = {"Accept": "application/json"}
@@ -156,7 +195,7 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.api.call_api(*req)
+        resp = self.api.call_api(*req, _request_timeout=timeout)
         data: bytes = resp.read()  # type: ignore[no-untyped-call]
         if not 200 <= resp.status <= 299:
             raise ApiException.from_response(http_resp=resp, body=data.decode("utf-8", "replace"), data=None)
@@ -338,6 +377,42 @@ class Kube:
                 self._remember_count(name, count)
         except ApiException as e:  # events are best effort: never fail a reconcile on them
             log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)
+
+    # -- the leader election's Lease (leader.py) ----------------------------------------------------------------
+    # Sent straight (`_send`), never through the guard: renewing is what keeps the guard open. Each has a timeout,
+    # so a leader's renewal comes back by its deadline.
+    def get_lease(self, ns: str, name: str, timeout: float) -> dict[str, Any] | None:
+        try:
+            out: dict[str, Any] = json.loads(self._send("GET", _lease_path(ns, name), timeout=timeout))
+            return out
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create_lease(self, lease: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        try:
+            out: dict[str, Any] = json.loads(
+                self._send("POST", _lease_path(lease["metadata"]["namespace"]), lease, timeout=timeout)
+            )
+            return out
+        except ApiException as e:
+            if e.status == 409:
+                return None
+            raise
+
+    def update_lease(self, lease: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """PUT at the resourceVersion in `lease`'s metadata: compare-and-swap."""
+        meta = lease["metadata"]
+        try:
+            out: dict[str, Any] = json.loads(
+                self._send("PUT", _lease_path(meta["namespace"], meta["name"]), lease, timeout=timeout)
+            )
+            return out
+        except ApiException as e:
+            if e.status in (404, 409):
+                return None
+            raise
 
     def _remember_count(self, name: str, count: int) -> None:
         with self._event_lock:

@@ -2,7 +2,8 @@
 
 Operator-wide series: full reconcile passes (a count, errors, and a histogram of their duration labelled only by
 outcome, so its cardinality does not grow with the number of jobs), phase transitions, and job failures by
-namespace and reason (both bounded: namespaces are few, reasons are the operator's own constants).
+namespace and reason (both bounded: namespaces are few, reasons are the operator's own constants), and whether
+this process is the one that acts (leader election).
 
 The per-job gauges come from status.progress (rank 0's progress lines, progress.py) and exist only while a job
 trains: controller.JobLoop sets them when it reads progress and clears them when the job leaves Running, is
@@ -59,7 +60,11 @@ JOB_SAMPLES_PER_SECOND = Gauge(
     JOB_LABELS,
 )
 JOB_GAUGES = (JOB_PROGRESS, JOB_STEP, JOB_TOTAL_STEPS, JOB_SAMPLES_PER_SECOND)
+# 1 while this process acts: it holds the leader Lease (leader.Elector), or runs without leader election; 0
+# while it stands by. Over the replicas of one operator the sum is 1 (0 during a failover).
+LEADER = Gauge("finetune_operator_leader", "1 while this operator process acts (holds the leader Lease), 0 on standby")
 COLLECTORS: tuple[MetricWrapperBase, ...] = (
+    LEADER,
     RECONCILES,
     RECONCILE_ERRORS,
     RECONCILE_DURATION,

@@ -431,7 +431,10 @@ def test_values_file_renders_the_chart_in_namespaced_mode(files: dict[str, str],
     container = one(objs, "Deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"{ecr}/finetune-operator/operator:{EXAMPLE_ENV['TAG']}"
     assert "--namespace=ml" in container["args"]
-    assert [r["metadata"]["namespace"] for r in find(objs, "Role")] == ["ml"]
+    assert "--leader-elect" in container["args"]
+    assert one(objs, "Deployment", RELEASE)["spec"]["replicas"] == 2
+    one(objs, "PodDisruptionBudget", RELEASE)  # the guide's two system nodes: one operator pod evicted at a time
+    assert [r["metadata"]["namespace"] for r in find(objs, "Role", RELEASE)] == ["ml"]  # + the Lease's, in its own
     config = yaml.safe_load(one(objs, "ConfigMap", f"{RELEASE}-config")["data"]["config.yaml"])
     assert config["images"] == {"registry": ecr, "tag": EXAMPLE_ENV["TAG"]}
     claim = one(objs, "PersistentVolumeClaim", "finetune-cache", "ml")

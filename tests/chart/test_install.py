@@ -41,6 +41,7 @@ FULLNAME = f"{RELEASE}-finetune-operator"  # release name + chart name (_helpers
 # The chart's runtimeImages (registry and tag) in front of and behind the cpu profile's repository.
 REGISTRY, TAG = "registry.example:5000/ft", "chart-test"
 CPU_IMAGE = f"{REGISTRY}/finetune-operator/cpu:{TAG}"
+POD_NAME = f"{FULLNAME}-7c9d8-x2x4q"  # the name the operator process is given as its pod's (the Lease's holder)
 
 
 class Kubectl:
@@ -266,6 +267,13 @@ def test_service_account_has_exactly_the_operator_permissions(kubectl: Kubectl, 
     namespaced = installed["mode"] == "namespaced"
     # kopf reads namespaces only when given --namespace flags (see templates/rbac.yaml).
     assert can("watch", "namespaces") is namespaced
+    # Its Lease, in its own namespace only, and only read by name and written by compare-and-swap.
+    release = ["-n", installed["release"]]
+    for verb in ("get", "create", "update"):
+        assert can(verb, "leases.coordination.k8s.io", *release), f"cannot {verb} its Lease"
+    for verb in ("list", "watch", "patch", "delete"):
+        assert not can(verb, "leases.coordination.k8s.io", *release), f"can {verb} leases"
+    assert not can("update", "leases.coordination.k8s.io", *jobs), "a Lease grant outside its namespace"
     # Outside the watched namespace a namespaced-mode operator can do nothing.
     assert can("create", "pods", "-n", "kube-system") is not namespaced
     assert can("get", "secrets", "-n", "kube-system") is not namespaced
@@ -312,7 +320,10 @@ def operator(kubectl: Kubectl, installed: dict[str, str]) -> Iterator[dict[str, 
         args.append(arg)
     ftjob = str(Path(sys.executable).with_name(container["command"][0]))
     log = (work / "operator.log").open("w")
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    # The container's environment as the kubelet gives it: the downward API's pod name and namespace.
+    fields = {"metadata.name": POD_NAME, "metadata.namespace": release_ns}
+    pod_env = {e["name"]: e.get("value") or fields[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in container["env"]}
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **pod_env}
     proc = subprocess.Popen([ftjob, *args], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         yield {"args": args, "health": health_port, "metrics": metrics_port, "log": work / "operator.log", "proc": proc}
@@ -347,6 +358,25 @@ def alive(operator: dict[str, Any]) -> Callable[[], None]:
             pytest.fail(f"operator exited with {operator['proc'].returncode}:\n{operator_log(operator)[-4000:]}")
 
     return check
+
+
+def test_operator_leads_through_the_chart_lease_role(
+    kubectl: Kubectl, operator: dict[str, Any], installed: dict[str, str]
+) -> None:
+    """The Deployment's election flags and env, with the chart's Role: the operator creates its Lease in the
+    release namespace, as its pod, and keeps renewing it."""
+    check = alive(operator)
+
+    def lease() -> Any:
+        check()
+        return kubectl.get("lease", FULLNAME, "-n", installed["release"])
+
+    held = wait_for(
+        lambda: (lease() or {}).get("spec", {}).get("holderIdentity") == POD_NAME, timeout=90, message="the Lease"
+    )
+    assert held
+    first = lease()["spec"]["renewTime"]
+    wait_for(lambda: lease()["spec"]["renewTime"] != first, timeout=60, message="a renewal")
 
 
 def test_operator_serves_health_and_metrics(operator: dict[str, Any], installed: dict[str, str]) -> None:

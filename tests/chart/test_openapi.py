@@ -22,6 +22,7 @@ RENDERS: list[tuple[str, Values]] = [
     ("default", Values()),
     ("namespaced", Values().namespaced("team-a", "team-b")),
     ("all features", Values().namespaced("team-a").cache_pvc().service_monitor().network_policy()),
+    ("two replicas", Values().set({"replicaCount": 2})),  # the PodDisruptionBudget and the anti-affinity
     (
         "non-default",
         Values()

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from chartlib import CHART, NAMESPACE, RELEASE, REPO, Manifest, Renderer, Values, find, identities, one
 
-from finetune_operator import profiles
+from finetune_operator import cli, profiles
 
 # The chart's grants, per (apiGroup, resource). That these are exactly the verbs the operator uses is proven by
 # tests/controlplane/test_rbac_audit.py from the API server's audit log of real runs; here they are pinned so a
@@ -33,6 +33,17 @@ CRD_READ: dict[tuple[str, str], set[str]] = {
     # Kueue: an admitted job's ResourceFlavors (cluster-scoped; k8s.Kube.get_resource_flavor).
     ("kueue.x-k8s.io", "resourceflavors"): {"get"},
 }
+# Leader election: the operator's Lease in its own namespace (leader.Elector: k8s.Kube.get_lease, create_lease,
+# update_lease), granted by a Role there in both modes.
+LEASE_VERBS: dict[tuple[str, str], set[str]] = {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+LEASE_ROLE = f"{RELEASE}-leader-election"
+ELECTION_ARGS = [
+    "--leader-elect",
+    f"--leader-elect-resource-name={RELEASE}",
+    "--leader-elect-lease-duration=15s",
+    "--leader-elect-renew-deadline=10s",
+    "--leader-elect-retry-period=2s",
+]
 # kopf 1.45 lists and watches namespaces only when given --namespace flags (namespaced mode); in cluster
 # mode it never reads them (kopf/_core/reactor/observation.py: namespace_observer).
 NAMESPACES_WATCH: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
@@ -75,6 +86,7 @@ def test_helm_lint_default_and_all_features(helm: str, tmp_path: Any) -> None:
             .service_monitor()
             .network_policy()
             .grafana_dashboard()
+            .set({"replicaCount": 2})
             .data
         )
     )
@@ -95,6 +107,8 @@ def test_default_render_has_exactly_the_operator_objects(render: Renderer) -> No
         ("ClusterRoleBinding", "", "finetune-operator-cluster"),
         ("ConfigMap", NAMESPACE, "finetune-operator-config"),
         ("Deployment", NAMESPACE, "finetune-operator"),
+        ("Role", NAMESPACE, LEASE_ROLE),
+        ("RoleBinding", NAMESPACE, LEASE_ROLE),
         ("Service", NAMESPACE, "finetune-operator-metrics"),
         ("ServiceAccount", NAMESPACE, "finetune-operator"),
         ("ValidatingAdmissionPolicy", "", "finetunejobs.finetune.dev"),
@@ -135,11 +149,14 @@ def test_deployment_meets_restricted_pod_security(render: Renderer) -> None:
         assert "emptyDir" in tmp_volume
 
 
-def test_deployment_runs_one_standalone_operator(render: Renderer) -> None:
+def test_deployment_runs_one_elected_operator(render: Renderer) -> None:
     dep = operator_deployment(render())
     assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
-    container = dep["spec"]["template"]["spec"]["containers"][0]
+    # A new pod starts as a standby; the old one hands the lease over when stopped.
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pod = dep["spec"]["template"]["spec"]
+    assert "affinity" not in pod, "one replica: nothing to spread"
+    container = pod["containers"][0]
     assert container["image"] == f"finetune-operator/operator:{VERSION}"
     assert container["command"] == ["ftjob"]
     assert container["args"] == [
@@ -147,6 +164,12 @@ def test_deployment_runs_one_standalone_operator(render: Renderer) -> None:
         "--config=/etc/finetune-operator/config.yaml",
         "--metrics-port=8080",
         "--health-port=8081",
+        *ELECTION_ARGS,
+    ]
+    # The holder identity is the pod's name, the Lease's namespace the pod's (downward API).
+    assert container["env"] == [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -205,9 +228,75 @@ def test_config_change_rolls_the_operator_pod(render: Renderer) -> None:
     assert before != after
 
 
+def test_two_replicas_get_a_disruption_budget_and_spread_over_nodes(render: Renderer) -> None:
+    objs = render(Values().set({"replicaCount": 2}))
+    dep = operator_deployment(objs)
+    assert dep["spec"]["replicas"] == 2
+    selector = dep["spec"]["selector"]["matchLabels"]
+    pdb = one(objs, "PodDisruptionBudget", RELEASE, NAMESPACE)
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        "selector": {"matchLabels": selector},
+    }
+    anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert anti == {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 100,
+                "podAffinityTerm": {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": selector},
+                },
+            }
+        ]
+    }
+    assert find(render(), "PodDisruptionBudget") == [], "one replica: a budget would block every drain"
+
+
+def test_a_given_affinity_is_kept_and_gains_the_spread_unless_it_has_its_own(render: Renderer) -> None:
+    node = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": []}]}}
+    affinity = operator_deployment(
+        render(Values().set({"replicaCount": 2, "operator": {"affinity": {"nodeAffinity": node}}}))
+    )["spec"]["template"]["spec"]["affinity"]
+    assert affinity["nodeAffinity"] == node and "podAntiAffinity" in affinity
+    own = {"requiredDuringSchedulingIgnoredDuringExecution": []}
+    affinity = operator_deployment(
+        render(Values().set({"replicaCount": 2, "operator": {"affinity": {"podAntiAffinity": own}}}))
+    )["spec"]["template"]["spec"]["affinity"]
+    assert affinity == {"podAntiAffinity": own}
+
+
+def test_election_timings_reach_the_flags(render: Renderer) -> None:
+    timings = {"leaseDurationSeconds": 30, "renewDeadlineSeconds": 20, "retryPeriodSeconds": 2.5}
+    container = operator_deployment(render(Values().set({"leaderElection": timings})))["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["args"][-3:] == [
+        "--leader-elect-lease-duration=30s",
+        "--leader-elect-renew-deadline=20s",
+        "--leader-elect-retry-period=2.5s",
+    ]
+    assert cli.build_parser().parse_args(container["args"]).leader_elect_retry_period == 2.5
+
+
+def test_election_disabled_runs_one_operator_recreated_without_a_lease_role(render: Renderer) -> None:
+    objs = render(Values().set({"leaderElection": {"enabled": False}}))
+    dep = operator_deployment(objs)
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert not [a for a in container["args"] if a.startswith("--leader-elect")] and "env" not in container
+    assert find(objs, "Role") == [] and find(objs, "RoleBinding") == []
+
+
 def test_cluster_mode_rbac_grants_exactly_the_operator_verbs(render: Renderer) -> None:
     objs = render()
-    assert find(objs, "Role") == [] and find(objs, "RoleBinding") == []
+    role = one(objs, "Role", LEASE_ROLE, NAMESPACE)
+    assert verbs_of(role) == LEASE_VERBS
+    binding = one(objs, "RoleBinding", LEASE_ROLE, NAMESPACE)
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LEASE_ROLE}
+    assert bound_subjects(binding) == [("ServiceAccount", "finetune-operator", NAMESPACE)]
+    assert [r["metadata"]["name"] for r in find(objs, "Role")] == [LEASE_ROLE]
     assert verbs_of(one(objs, "ClusterRole", "finetune-operator")) == NAMESPACED_VERBS
     assert verbs_of(one(objs, "ClusterRole", "finetune-operator-cluster")) == CRD_READ
     for name in ("finetune-operator", "finetune-operator-cluster"):
@@ -232,7 +321,9 @@ def test_namespaced_mode_has_a_role_per_namespace_and_only_reads_cluster_wide(re
         assert binding["roleRef"]["kind"] == "Role"
         # The service account lives in the release namespace, not in the watched one.
         assert bound_subjects(binding) == [("ServiceAccount", "finetune-operator", "ops")]
-    assert {r["metadata"]["namespace"] for r in find(objs, "Role")} == {"team-a", "team-b"}
+    # The Lease's Role is the one Role in the release namespace, in this mode too.
+    assert {r["metadata"]["namespace"] for r in find(objs, "Role")} == {"team-a", "team-b", "ops"}
+    assert verbs_of(one(objs, "Role", LEASE_ROLE, "ops")) == LEASE_VERBS
     args = one(objs, "Deployment", "finetune-operator", "ops")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[-2:] == ["--namespace=team-a", "--namespace=team-b"]
 
@@ -310,7 +401,7 @@ def test_network_policy_is_made_per_job_by_the_operator(render: Renderer) -> Non
     assert find(objs, "NetworkPolicy") == []
     config = yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])
     assert config["networkPolicy"] == {"enabled": True, "extraIngress": [extra]}
-    for role in find(objs, "Role"):
+    for role in find(objs, "Role", RELEASE):  # the per-namespace ones (not the Lease's)
         rule = [r for r in role["rules"] if r["apiGroups"] == ["networking.k8s.io"]]
         assert rule == [
             {

@@ -87,6 +87,30 @@ BAD_VALUES: list[tuple[str, Values, str]] = [
     ),
     # Two fields that must differ cannot be compared in JSON Schema; the Deployment template checks it.
     ("metrics and health share a port", Values().set({"metrics": {"port": 8081}}), "must differ"),
+    ("no replica", Values().set({"replicaCount": 0}), "/replicaCount"),
+    ("replicas as a string", Values().set({"replicaCount": "2"}), "/replicaCount"),
+    (
+        "two replicas without leader election",
+        Values().set({"replicaCount": 2, "leaderElection": {"enabled": False}}),
+        "replicaCount > 1 needs leaderElection.enabled",
+    ),
+    (
+        "a lease in fractions of a second",
+        Values().set({"leaderElection": {"leaseDurationSeconds": 15.5}}),
+        "/leaderElection/leaseDurationSeconds",
+    ),
+    ("a zero retry period", Values().set({"leaderElection": {"retryPeriodSeconds": 0}}), "/leaderElection"),
+    ("unknown election key", Values().set({"leaderElection": {"leaseDuration": "15s"}}), "/leaderElection"),
+    (
+        "a lease no longer than the renew deadline",
+        Values().set({"leaderElection": {"leaseDurationSeconds": 10}}),
+        "leaderElection.leaseDurationSeconds must be longer than leaderElection.renewDeadlineSeconds",
+    ),
+    (
+        "a renew deadline within the jittered retry period",
+        Values().set({"leaderElection": {"retryPeriodSeconds": 9}}),
+        "leaderElection.renewDeadlineSeconds must be longer than 1.2 × leaderElection.retryPeriodSeconds",
+    ),
 ]
 
 
@@ -114,6 +138,9 @@ GOOD_VALUES: list[tuple[str, Values]] = [
         "everything on",
         Values().namespaced("a", "b-2").cache_pvc().service_monitor().network_policy().grafana_dashboard(),
     ),
+    ("HA", Values().set({"replicaCount": 2})),
+    ("sub-second retries", Values().set({"leaderElection": {"renewDeadlineSeconds": 2, "retryPeriodSeconds": 0.5}})),
+    ("one replica without election", Values().set({"leaderElection": {"enabled": False}})),
 ]
 
 

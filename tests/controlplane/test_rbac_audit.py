@@ -13,7 +13,9 @@ ClusterRoles the chart renders. The real operator then runs every path that talk
   Kueue, which test_kueue.py runs for real; the admission's ResourceFlavor read; PodsReady and Finished set);
 - children whose managed-by label someone removed (a pod, the Service, the ConfigMap, the NetworkPolicy, a
   Workload): the create's 409 is read back and the labels patched back;
-- a queued job whose queueName is removed: its Workload deleted.
+- a queued job whose queueName is removed: its Workload deleted;
+- every run with the chart's leader election (`--leader-elect`, the pod's namespace being the release's): the
+  first operator creates the Lease and renews it, each hands it over when stopped, the next reads and takes it.
 The (group, resource, verb) triples in the log must equal the rendered grants: a grant never used fails, and so
 does a use never granted."""
 
@@ -28,8 +30,9 @@ from typing import Any
 import pytest
 import yaml
 from cluster_support import Kubectl, make_kubectl
+from failover_support import elected_operator
 from kubernetes import client, config
-from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, running_operator, two_rank_job
+from operator_support import API, NO_KUBELET, Kubelet, install_crd, job_yaml, two_rank_job
 
 from ftjob_cluster import bins
 from ftjob_cluster.auditlog import Permission, permissions_used, policy_for_user
@@ -39,6 +42,7 @@ from ftjob_cluster.localcluster import Etcd, KubeApiserver, KubeControllerManage
 ROOT = Path(__file__).resolve().parents[2]
 
 USER = "audited-operator"
+RELEASE_NS = "finetune-operator"  # the chart's release namespace: its leader-election Role is there
 CHART = ROOT / "charts" / "finetune-operator"
 
 
@@ -93,17 +97,22 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audited]:
         install_crd(kubectl, wait_for)
         KueueProcess(cluster.kubeconfig, work / "kueue").install_crds()  # the Workload API, without Kueue
         cluster_mode = rendered_roles(
-            "finetune-operator", "--namespace", "finetune-operator", "--set", "networkPolicy.enabled=true"
+            "finetune-operator", "--namespace", RELEASE_NS, "--set", "networkPolicy.enabled=true"
         )
         namespaced = [
             r
-            for r in rendered_roles("nsmode", "--namespace", "finetune-operator", "--set", "watchNamespaces={audit-ns}")
+            for r in rendered_roles("nsmode", "--namespace", RELEASE_NS, "--set", "watchNamespaces={audit-ns}")
             if r["kind"] == "ClusterRole"
         ]
+        kubectl("create", "namespace", RELEASE_NS)  # the leader election's Role and Lease live there
         for role in cluster_mode + namespaced:
             kubectl("apply", "-f", "-", input=yaml.safe_dump(role))
             name = role["metadata"]["name"]
-            kubectl("create", "clusterrolebinding", f"audit-{name}", f"--clusterrole={name}", f"--user={USER}")
+            if role["kind"] == "Role":
+                ns = role["metadata"]["namespace"]
+                kubectl("create", "rolebinding", f"audit-{name}", "-n", ns, f"--role={name}", f"--user={USER}")
+            else:
+                kubectl("create", "clusterrolebinding", f"audit-{name}", f"--clusterrole={name}", f"--user={USER}")
         assert cluster.ctx is not None
         api = config.new_client_from_config(str(cluster.kubeconfig))
         try:
@@ -172,6 +181,19 @@ def squat(a: Audited, ns: str) -> list[str]:
     return jobs
 
 
+def audited_operator(a: Audited, log: Path, *args: str) -> Any:
+    """The operator as the chart runs it: elected, in the release namespace (tests/support/failover_support.py)."""
+    return elected_operator(
+        a.operator_kubeconfig,
+        wait_for,
+        log,
+        identity=log.stem,
+        namespace=RELEASE_NS,
+        lease="finetune-operator",
+        extra=list(args),
+    )
+
+
 def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: Path) -> None:
     a = audited
     ns = namespace(a, "audit-ns")
@@ -179,7 +201,7 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
     cfg.write_text(yaml.safe_dump({"networkPolicy": {"enabled": True}}))
     kubelet = Kubelet(a.api, ns)
     try:
-        with running_operator(a.operator_kubeconfig, wait_for, tmp_path / "operator-1.log", ["--config", str(cfg)]):
+        with audited_operator(a, tmp_path / "operator-1.log", "--config", str(cfg)):
             # A torchrun job's whole life: create, run (progress read), a rank fails, the group restarts, done,
             # and deleted by its TTL.
             apply(a, ns, two_rank_job("life", backoffLimit=1, ttlSecondsAfterFinished=0))
@@ -324,13 +346,17 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
                 message="the old finalizer removed",
             )
         # A restarted operator: a new loop for the MPI job creates its Secret again and reads the 409 back.
-        with running_operator(a.operator_kubeconfig, wait_for, tmp_path / "operator-2.log", ["--config", str(cfg)]):
+        with audited_operator(a, tmp_path / "operator-2.log", "--config", str(cfg)):
             wait_for(lambda: ("", "secrets", "get") in a.used(), timeout=60, message="the Secret read back")
         # Namespaced mode: kopf watches the namespaces it is given.
-        with running_operator(
-            a.operator_kubeconfig, wait_for, tmp_path / "operator-3.log", ["--config", str(cfg), f"--namespace={ns}"]
-        ):
+        with audited_operator(a, tmp_path / "operator-3.log", "--config", str(cfg), f"--namespace={ns}"):
             wait_for(lambda: ("", "namespaces", "watch") in a.used(), timeout=60, message="namespaces watched")
+        # Each operator handed the lease over when it was stopped (a PUT), and the next one took it (a GET, a PUT).
+        wait_for(
+            lambda: {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} <= a.used(),
+            timeout=60,
+            message="the Lease created, read and updated",
+        )
     finally:
         kubelet.stop()
 

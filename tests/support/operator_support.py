@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -116,11 +117,16 @@ class RunningOperator:
 
 @contextmanager
 def running_operator(
-    kubeconfig: Path, wait_for: Callable[..., Any], log_path: Path, extra: list[str] | None = None
+    kubeconfig: Path,
+    wait_for: Callable[..., Any],
+    log_path: Path,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[RunningOperator]:
-    """`ftjob operator` as a subprocess (the same entry point the image runs), ready when /healthz answers."""
+    """`ftjob operator` as a subprocess (the same entry point the image runs), ready when /healthz answers;
+    `env` adds to its environment. Stopped with SIGTERM at the end (one a test stopped is continued first)."""
     health, metrics = free_port(), free_port()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **(env or {})}
     ftjob = str(Path(sys.executable).with_name("ftjob"))
     log = log_path.open("wb")
     proc = subprocess.Popen(
@@ -143,6 +149,8 @@ def running_operator(
     try:
         yield RunningOperator(proc, f"http://127.0.0.1:{metrics}/metrics")
     finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a SIGSTOPped process would hold the SIGTERM until continued
         proc.terminate()
         try:
             proc.wait(timeout=20)

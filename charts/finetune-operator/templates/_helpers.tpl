@@ -145,3 +145,16 @@ audit log (tests/controlplane/test_rbac_audit.py fails on a grant never used and
   verbs: ["get", "list", "watch", "create", "patch"]
 {{- end }}
 {{- end }}
+
+{{/*
+The operator pods' preferred anti-affinity (replicaCount > 1): spread over nodes (kubernetes.io/hostname).
+*/}}
+{{- define "finetune-operator.spreadReplicas" -}}
+preferredDuringSchedulingIgnoredDuringExecution:
+  - weight: 100
+    podAffinityTerm:
+      topologyKey: kubernetes.io/hostname
+      labelSelector:
+        matchLabels:
+          {{- include "finetune-operator.selectorLabels" . | nindent 10 }}
+{{- end }}
