@@ -81,16 +81,18 @@ class Record:
         return w.world * w.batch_per_device * w.grad_accum / self.samples_per_second
 
 
+_KINDS = {str: "a string", int: "an integer", dict: "a mapping"}
+
+
 def _field(raw: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...], required: bool = True) -> Any:
     v = raw.get(key)
     if v is None:
         if required:
             raise ValueError(f"{where}: {key} is required")
         return None
-    if isinstance(v, bool) and kind is not bool:
-        raise ValueError(f"{where}: {key} must be a {getattr(kind, '__name__', kind)}, got {v!r}")
-    if not isinstance(v, kind):
-        raise ValueError(f"{where}: {key} must be a {getattr(kind, '__name__', kind)}, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, kind):
+        what = _KINDS.get(kind, "a number") if isinstance(kind, type) else "a number"
+        raise ValueError(f"{where}: {key} must be {what}, got {v!r}")
     return v
 
 

@@ -39,6 +39,10 @@ def fmt_usd(usd: float | None) -> str:
     return f"${usd:,.2f}" if usd >= 0.01 else "<$0.01"
 
 
+def _flops(f: float) -> str:
+    return f"{f / 1e9:,.1f} GFLOP" if f >= 1e9 else f"{f / 1e6:,.1f} MFLOP"
+
+
 def calibration_label(row: Row) -> str:
     if row.prediction is None:
         return "-"
@@ -54,7 +58,7 @@ def render_text(est: Estimate) -> str:
     lines = [
         f"FineTuneJob {est.job}: {w.model}, {w.precision}{', torch.compile' if w.compile else ''}"
         f"{f', LoRA r={w.lora.r}' if w.lora else ''}",
-        f"  {w.flops_per_sample / 1e9:,.1f} GFLOP per training sample ({w.tokens_per_sample:g} tokens), "
+        f"  {_flops(w.flops_per_sample)} per training sample ({w.tokens_per_sample:g} tokens), "
         f"{w.trained_params / 1e6:,.1f} M trained weights",
     ]
     lines += [f"  {n}" for n in est.notes]
