@@ -1,5 +1,6 @@
-"""Writes the generated sections of docs/estimate.md: the peak table (from the profiles' throughput data) and the
-leave-one-out check of the shipped calibration records (`ftjob estimate --leave-one-out`).
+"""Writes the generated sections of docs/estimate.md: an example run (`ftjob estimate` on the trn1 sample), the
+peak table (from the profiles' throughput data) and the leave-one-out check of the shipped calibration records
+(`ftjob estimate --leave-one-out`).
 
     python hack/estimate_doc.py          # rewrite the sections
     python hack/estimate_doc.py --check  # exit 1 when they are stale (what tests/unit/test_estimate_doc.py asserts)
@@ -36,8 +37,24 @@ def peaks_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+EXAMPLE = "manifests/samples/trn1-bert-ja-2core-bf16.yaml"
+
+
+def example_text() -> str:
+    """`ftjob estimate -f EXAMPLE` as the shipped data give it, in a code block."""
+    import yaml
+
+    from finetune_operator.admission import validate
+    from finetune_operator.estimate import estimate, load_prices, render_text
+
+    job = validate(yaml.safe_load((ROOT / EXAMPLE).read_text(encoding="utf-8")))
+    est = estimate(job, Calibration(shipped_records()), load_prices(None), cwd=ROOT)
+    return "```\n" + render_text(est) + "```\n"
+
+
 def sections() -> dict[str, str]:
     return {
+        "estimate-example": example_text(),
         "estimate-peaks": peaks_markdown(),
         "estimate-loo": loo_markdown(leave_one_out(Calibration(shipped_records()))),
     }
