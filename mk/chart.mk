@@ -4,7 +4,7 @@ CRD_COPIES := $(CHART_DIR)/crds/finetunejobs.yaml manifests/crd/finetunejobs.yam
 # The ValidatingAdmissionPolicy beside the CRD: a chart template reads it (Helm's crds/ takes CRDs only).
 POLICY_COPIES := $(CHART_DIR)/admission/finetunejobs-policy.yaml manifests/crd/finetunejobs-policy.yaml
 
-.PHONY: generate generate-crds generate-version generate-api-docs test-chart test-chart-install chart-lint
+.PHONY: generate generate-estimate-doc generate-crds generate-version generate-api-docs test-chart test-chart-install chart-lint
 
 # Other areas may add their own generators as prerequisites of `generate`.
 generate: generate-crds generate-version generate-api-docs ## Regenerate every generated file
@@ -36,3 +36,9 @@ test-chart-install: setup k8s-bins ## Chart tier on a real control plane: helm i
 	$(PY) -m pytest -q -m controlplane tests/chart
 
 TEST_TIERS += test-chart test-chart-install
+
+# docs/estimate.md's tables come from the profiles' peaks, the calibration records and the prices
+# (operator/finetune_operator/estimate); tests/unit fails while the document is stale.
+generate: generate-estimate-doc
+generate-estimate-doc: setup ## Write docs/estimate.md's predicted-vs-measured table and example from the estimate data
+	$(PY) hack/estimate_doc.py

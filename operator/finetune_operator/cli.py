@@ -238,6 +238,71 @@ def _run(args: argparse.Namespace) -> int:
     )
 
 
+def _estimate(args: argparse.Namespace) -> int:
+    import json
+
+    from .estimate import (
+        Calibration,
+        estimate,
+        leave_one_out,
+        load_prices,
+        load_records,
+        loo_markdown,
+        render_text,
+        to_json,
+    )
+
+    try:
+        cal = Calibration(load_records(args.calibration or []))
+        prices = load_prices(args.prices)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.leave_one_out:
+        sys.stdout.write(loo_markdown(leave_one_out(cal)))
+        return 0
+    if not args.filename:
+        print("error: ftjob estimate needs -f job.yaml (or --leave-one-out)", file=sys.stderr)
+        return 2
+    jobs = load_jobs(args.filename)
+    if len(jobs) != 1:
+        raise SystemExit("error: ftjob estimate takes exactly one FineTuneJob")
+    try:
+        job = validate(jobs[0])
+    except InvalidSpec as e:
+        meta = jobs[0].get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        print(f"error: FineTuneJob {name!r} is invalid:", file=sys.stderr)
+        for err in e.errors:
+            print(f"  {err}", file=sys.stderr)
+        return 1
+    model_config = None
+    if args.model_config:
+        try:
+            model_config = json.loads(Path(args.model_config).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"error: --model-config {args.model_config}: {e}", file=sys.stderr)
+            return 1
+    try:
+        est = estimate(
+            job,
+            cal,
+            prices,
+            model_config=model_config,
+            tokens=args.tokens_per_sample,
+            samples=args.samples,
+            others=not args.as_written,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps(to_json(est), indent=2) + "\n")
+    else:
+        sys.stdout.write(render_text(est))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ftjob", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -305,6 +370,35 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--precision", choices=["fp32", "bf16"], help="override training.precision")
     u.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only the summary")
     u.set_defaults(func=_run)
+
+    e = sub.add_parser(
+        "estimate",
+        help="predict samples/s, time and cost of a job on its hardware and on every other profile's (no cluster)",
+        description="Predicted samples/s, time to finish and on-demand cost of a job, as written and on one node "
+        "of every instance type of every profile, from a FLOPs model calibrated on measured runs "
+        "(docs/estimate.md). The job must pass the same validation as `ftjob render`.",
+    )
+    e.add_argument("-f", "--filename", help="FineTuneJob YAML ('-' for stdin)")
+    e.add_argument("--json", action="store_true", help="the same as data")
+    e.add_argument(
+        "--calibration",
+        action="append",
+        metavar="FILE",
+        help="more calibration records (YAML or JSON; repeatable): a record replaces a shipped one of the same id",
+    )
+    e.add_argument("--prices", metavar="FILE", help="a price table to use instead of the shipped one")
+    e.add_argument("--model-config", metavar="FILE", help="the model's config.json (for a model not known here)")
+    e.add_argument(
+        "--tokens-per-sample", type=float, metavar="N", help="mean padded length, where batches pad to their longest"
+    )
+    e.add_argument("--samples", type=int, metavar="N", help="training samples per epoch (when not known here)")
+    e.add_argument("--as-written", action="store_true", help="only the job's own hardware")
+    e.add_argument(
+        "--leave-one-out",
+        action="store_true",
+        help="print the check of docs/estimate.md: each acceptance figure predicted from every other record",
+    )
+    e.set_defaults(func=_estimate)
     return ap
 
 

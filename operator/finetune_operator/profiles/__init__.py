@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from ..api.rules import Rule
-from ..api.schema import PROFILES
+from ..api.schema import PRECISIONS, PROFILES
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,41 @@ class Threads:
 
 
 @dataclass(frozen=True)
+class Peak:
+    """Dense peak of one device at one training precision, and the public number it comes from."""
+
+    tflops: float | None  # None: no public number (the reason is in source)
+    source: str
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """What one rank's share of the hardware is (a NeuronCore, a GPU, a CPU core or vCPU) and its peaks."""
+
+    name: str
+    peaks: dict[str, Peak]  # by training precision (api.schema.PRECISIONS)
+
+    def peak_flops(self, precision: str) -> float | None:
+        """FLOP/s, or None where no public peak exists."""
+        tf = self.peaks[precision].tflops
+        return None if tf is None else tf * 1e12
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """The `throughput:` block of a profile: read by `ftjob estimate` (estimate/) for peaks and MFU."""
+
+    unit: str  # what a device is: NeuronCore, GPU, core (physical, Xeon) or vCPU
+    devices: dict[str, DeviceKind]
+    default_device: str | None
+    instance_devices: dict[str, str]  # instance type -> device kind, where not the default
+
+    def device_for(self, instance_type: str | None) -> DeviceKind | None:
+        name = self.instance_devices.get(instance_type or "") or self.default_device
+        return self.devices.get(name) if name else None
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     revision: str
@@ -72,6 +107,7 @@ class Profile:
     threads: Threads | None = None
     default_resources: dict[str, str] = field(default_factory=dict)
     default_mpi: str = "mpich"  # MPI implementation in the profile's image
+    throughput: Throughput | None = None
 
     def instance(self, name: str | None) -> InstanceType | None:
         key = name or self.default_instance_type
@@ -103,6 +139,57 @@ def _instance(name: str, raw: dict[str, Any]) -> InstanceType:
         sockets=int(raw.get("sockets", 1)),
         efa=int(raw.get("efa", 0)),
     )
+
+
+def _throughput(profile: str, raw: Any, instance_types: set[str]) -> Throughput | None:
+    """Validate and read the `throughput:` block; a mistake names the profile file and the key."""
+    if raw is None:
+        return None
+    where = f"profiles/{profile}.yaml throughput"
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping")
+    unit = raw.get("unit")
+    if not isinstance(unit, str) or not unit:
+        raise ValueError(f"{where}.unit: name what one device is (NeuronCore, GPU, core, vCPU)")
+    devices: dict[str, DeviceKind] = {}
+    for name, dev in (raw.get("devices") or {}).items():
+        if not isinstance(dev, dict):
+            raise ValueError(f"{where}.devices.{name}: expected a mapping of precision to peakTflops and source")
+        peaks: dict[str, Peak] = {}
+        for precision in PRECISIONS:
+            entry = dev.get(precision)
+            if not isinstance(entry, dict) or "peakTflops" not in entry:
+                raise ValueError(f"{where}.devices.{name}.{precision}: give peakTflops (a number, or null) and source")
+            tf = entry["peakTflops"]
+            if tf is not None and (isinstance(tf, bool) or not isinstance(tf, int | float) or tf <= 0):
+                raise ValueError(f"{where}.devices.{name}.{precision}.peakTflops: a positive number, or null")
+            source = entry.get("source")
+            if not isinstance(source, str) or not source.strip():
+                raise ValueError(
+                    f"{where}.devices.{name}.{precision}.source: say where the number comes from (a public URL "
+                    "and the arithmetic), or why there is none"
+                )
+            peaks[precision] = Peak(None if tf is None else float(tf), " ".join(source.split()))
+        unknown = set(dev) - set(PRECISIONS)
+        if unknown:
+            raise ValueError(f"{where}.devices.{name}: unknown keys {sorted(unknown)}; one per precision {PRECISIONS}")
+        devices[str(name)] = DeviceKind(str(name), peaks)
+    if not devices:
+        raise ValueError(f"{where}.devices: at least one device kind")
+    default = raw.get("defaultDevice")
+    if default is not None and default not in devices:
+        raise ValueError(f"{where}.defaultDevice: {default!r} is not one of devices {sorted(devices)}")
+    by_type = {str(k): str(v) for k, v in (raw.get("instanceDevices") or {}).items()}
+    for itype, dev_name in by_type.items():
+        if itype not in instance_types:
+            raise ValueError(f"{where}.instanceDevices.{itype}: not an instance type of this profile")
+        if dev_name not in devices:
+            raise ValueError(f"{where}.instanceDevices.{itype}: {dev_name!r} is not one of devices {sorted(devices)}")
+    if default is None:
+        missing = sorted(instance_types - set(by_type))
+        if missing:
+            raise ValueError(f"{where}: no defaultDevice and no instanceDevices entry for {missing}")
+    return Throughput(unit, devices, default, by_type)
 
 
 def _parse(raw: dict[str, Any]) -> Profile:
@@ -139,6 +226,7 @@ def _parse(raw: dict[str, Any]) -> Profile:
         else None,
         default_resources={k: str(v) for k, v in (raw.get("defaultResources") or {}).items()},
         default_mpi=raw.get("defaultMpi", "mpich"),
+        throughput=_throughput(raw["name"], raw.get("throughput"), set(raw.get("instanceTypes") or {})),
     )
 
 
