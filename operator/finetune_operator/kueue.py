@@ -145,6 +145,17 @@ def queued(p: Pass) -> Plan | None:
     evicted = _wl_condition(wl, "Evicted") if wl else None
     if wl is not None and _wl_condition(wl, "Admitted") and not evicted:
         return admitted(p, wl, queue)
+    waits_in = ((wl or {}).get("spec") or {}).get("queueName")
+    if wl is not None and waits_in and waits_in != queue:
+        # queueName changed while the job waited (admission allows no other time): the Workload waiting in the old
+        # queue goes, by uid, and the pass after its deletion makes one in the new queue.
+        if not wl["metadata"].get("deletionTimestamp"):
+            p.plan.delete_workload = wl["metadata"].get("uid")
+        p.delete(p.live)
+        msg = f"moving from LocalQueue {waits_in} to {queue}: replacing Workload {wl['metadata']['name']}"
+        p.transition("Queued", "QueueChanged", msg)
+        set_condition(st, "Queued", True, "QueueChanged", msg, now)
+        return p.plan
     if wl is None:
         pods = desired(p.job, images=p.config.get("images"), attempt=p.attempt).pods
         p.plan.create.append(build_workload(p.job, p.layout, p.names, pods))

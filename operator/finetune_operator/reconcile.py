@@ -154,10 +154,13 @@ def slim_workload(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What reconcile reads of a Kueue Workload, as the Workload index holds it: its identity (name, uid,
     resourceVersion and generation for the status patches, labels, controller owner, deletion mark) and its
     whole status conditions and admission (a status patch replaces the conditions list, so it is built from
-    every condition Kueue set). Not its pod sets: those are the job's own, built again when needed."""
+    every condition Kueue set), and the queue it waits in. Not its pod sets: those are the job's own, built again
+    when needed."""
     out = slim_child(obj)
     meta = obj.get("metadata") or {}
     out["metadata"].update({k: meta[k] for k in ("resourceVersion", "generation") if k in meta})
+    if (obj.get("spec") or {}).get("queueName"):
+        out["spec"] = {"queueName": obj["spec"]["queueName"]}  # the queue it waits in (kueue.queued)
     st = obj.get("status") or {}
     out["status"] = {k: st[k] for k in ("conditions", "admission") if st.get(k) is not None}
     return out

@@ -642,6 +642,83 @@ def test_removing_the_queue_name_deletes_the_waiting_workload_and_the_job_runs_u
         )
 
 
+def test_a_queue_name_changed_while_waiting_moves_the_job_to_the_new_queue(
+    queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str, wait_for: Any, explain: Any
+) -> None:
+    """A job that its queue cannot admit (4 pods of 2 CPUs against 6) is moved to a LocalQueue whose ClusterQueue
+    has room while it waits: its Workload is replaced by one in the new queue, which Kueue admits, and it runs."""
+    with explain():
+        ns = namespace
+        cq = f"cq-big-{namespace}"[:63]
+        objs = [
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ClusterQueue",
+                "metadata": {"name": cq},
+                "spec": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory"],
+                            "flavors": [
+                                {
+                                    "name": "default",
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": "16"},
+                                        {"name": "memory", "nominalQuota": "64Gi"},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                },
+            },
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": "lq-big", "namespace": namespace},
+                "spec": {"clusterQueue": cq},
+            },
+        ]
+        kubectl("apply", "-f", "-", input="\n---\n".join(job_yaml(o) for o in objs))
+        try:
+            big = queued_job("big", queue)
+            big["spec"]["hardware"]["nodes"] = 4
+            kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(big))
+            wait_for(
+                lambda: (
+                    status(kube_api, ns, "big").get("phase") == "Queued"
+                    and (condition(w := workload(kube_api, ns, "big"), "QuotaReserved") or {}).get("status") == "False"
+                    and w
+                ),
+                timeout=120,
+                message="big Queued in lq, its Workload pending",
+            )
+            old = workload(kube_api, ns, "big")
+            assert old is not None and old["spec"]["queueName"] == queue
+            kubectl(
+                "patch",
+                "-n",
+                ns,
+                "ftj",
+                "big",
+                "--type=merge",
+                "-p",
+                '{"spec": {"runPolicy": {"queueName": "lq-big"}}}',
+            )
+            wait_for(
+                lambda: (admitted(kube_api, ns, "big") or {}).get("spec", {}).get("queueName") == "lq-big",
+                timeout=120,
+                message="big's Workload replaced in lq-big and admitted",
+            )
+            now = workload(kube_api, ns, "big")
+            assert now is not None and now["metadata"]["uid"] != old["metadata"]["uid"]
+            wait_for(lambda: len(kubelet.live_pods("big")) == 4, timeout=60, message="big's pods after admission")
+        finally:
+            kubectl("delete", "-n", ns, "ftj", "big", "--ignore-not-found", "--wait=false")
+            kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
+
+
 def test_the_workload_watch_starts_when_kueues_crds_come_after_the_operator(tmp_path: Path, wait_for: Any) -> None:
     """A control plane of its own, without Kueue when the operator starts (it runs there, not watching
     Workloads). Kueue's CRDs installed later: kopf finds the resource through discovery and starts the watch, so

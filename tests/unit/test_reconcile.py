@@ -728,6 +728,37 @@ def test_a_removed_queue_name_deletes_the_jobs_own_workload_and_no_other() -> No
     assert w.step().delete_workload is None
 
 
+def test_a_queue_name_changed_while_queued_replaces_the_workload_in_the_new_queue() -> None:
+    """Admission lets queueName change only while the job waits in its queue; the Workload that waits is in the
+    old queue, so it goes (by uid) and the next pass makes one in the new queue, which Kueue admits from there."""
+    w = World(job2(queueName="small"))
+    w.step()
+    w.kueue(PENDING)
+    assert w.workload is not None
+    w.workload["metadata"]["uid"] = "wl-small"
+    w.job["spec"]["runPolicy"]["queueName"] = "big"
+    p = w.step()
+    assert p.delete_workload == "wl-small" and p.create == [] and not w.pods
+    assert w.phase == "Queued" and "moving from LocalQueue small to big" in w.job["status"]["message"]
+    w.workload = None  # the delete went through
+    p = w.step()
+    assert [o["kind"] for o in p.create] == ["Workload"] and w.workload["spec"]["queueName"] == "big"
+    w.kueue(*ADMITTED, admission=True)
+    assert sorted(o["kind"] for o in w.step().create) == ["ConfigMap", "Pod", "Pod", "Service"]
+
+
+def test_an_admitted_workload_is_never_moved_to_another_queue() -> None:
+    """Once admitted, the job keeps its Workload whatever queueName says (admission refuses that change; a job
+    stored otherwise must not lose its running pods to a requeue)."""
+    w = World(job2(queueName="small"))
+    w.step()
+    w.kueue(*ADMITTED, admission=True)
+    w.step()
+    w.job["spec"]["runPolicy"]["queueName"] = "big"
+    p = w.step()
+    assert p.delete_workload is None and not p.delete_pods
+
+
 def test_deletes_name_the_uid_of_the_pod_they_mean() -> None:
     w = World(job2())
     w.step()
@@ -736,3 +767,10 @@ def test_deletes_name_the_uid_of_the_pod_they_mean() -> None:
     w.set_phase("j-rank-0", "Failed", **terminated(1))
     p = w.step()
     assert p.pod_uids == {"j-rank-0": "uid-j-rank-0", "j-rank-1": "uid-j-rank-1"}
+
+
+def test_the_workload_index_keeps_the_queue_the_workload_waits_in() -> None:
+    from finetune_operator.reconcile import slim_workload
+
+    body = {"kind": "Workload", "metadata": {"name": "j"}, "spec": {"queueName": "q", "podSets": [{"count": 2}]}}
+    assert slim_workload(body)["spec"] == {"queueName": "q"}
