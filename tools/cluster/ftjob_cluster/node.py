@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -39,7 +40,7 @@ import tarfile
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -437,14 +438,17 @@ def prepare_node_host(spec: NodeSpec, nodes: Sequence[NodeSpec] = NODES) -> None
     _run("ip", "route", "replace", spec.pod_cidr, "via", spec.ip)  # beats the POD_RANGE blackhole
 
 
-def remove_node_host(spec: NodeSpec) -> int:
+def remove_node_host(spec: NodeSpec, reap: Callable[[], None] | None = None) -> int:
     """Everything of a node in a namespace of its own goes at once: every process in its cgroup tree (kubelet,
     kube-proxy, containerd, shims, the pods' containers) is SIGKILLed, its mount namespace (and with it every
     mount it made), its network namespace (its address, bridge and pods' interfaces), its routes, cgroups and
     runtime state under its run dir. Its containerd root and kubelet root dir (its disk) stay. Idempotent.
-    Returns how many processes were killed."""
+    `reap` waits for the killed processes that are our children (a zombie may keep its cgroup busy). Returns how
+    many processes were killed."""
     assert spec.netns is not None and spec.cgroup_root is not None
     killed = _kill_cgroup_tree(spec.cgroup_root)
+    if reap is not None:
+        reap()
     for ns_file in (spec.mntns_file, spec.netns_file):  # the mount namespace holds nothing of the other
         if _is_mount_point(ns_file):
             _run("umount", str(ns_file), check=False)
@@ -1121,6 +1125,15 @@ def _components_of(cluster: LocalCluster, spec: NodeSpec) -> list[_NodeComponent
     return [c for c in cluster.components if isinstance(c, _NodeComponent) and c.spec == spec]
 
 
+def _reap(cluster: LocalCluster, spec: NodeSpec) -> None:
+    """Wait for the node's processes that this process started and that were killed (SIGKILL, by cgroup)."""
+    for c in _components_of(cluster, spec):
+        if c.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.process.wait(timeout=30)
+            c.process = None
+
+
 def _node_ready(kubectl: Path, kubeconfig: Path, name: str) -> str:
     jsonpath = '{.status.conditions[?(@.type=="Ready")].status}'
     out = subprocess.run(
@@ -1202,7 +1215,7 @@ def stop(cluster: LocalCluster | None, directory: Path) -> None:
         stop_containers(NODE_A)
     for spec in NODES:
         if spec.netns is not None:
-            remove_node_host(spec)
+            remove_node_host(spec, None if cluster is None else functools.partial(_reap, cluster, spec))
     if cluster is not None:
         cluster.stop(keep_directory=True)
     else:
@@ -1224,13 +1237,7 @@ def kill_node(cluster: LocalCluster, name: str) -> int:
     spec = node_spec(name)
     if spec.netns is None:
         raise ClusterError(f"{name} runs in the host's namespaces with the control plane; only a namespaced node dies")
-    killed = remove_node_host(spec)
-    for c in _components_of(cluster, spec):
-        if c.process is not None:  # killed above; reap it
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                c.process.wait(timeout=30)
-            c.process = None
-    return killed
+    return remove_node_host(spec, lambda: _reap(cluster, spec))
 
 
 def restart_node(cluster: LocalCluster, name: str, timeout: float = 120.0) -> float:
