@@ -13,6 +13,7 @@ import tarfile
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -127,6 +128,14 @@ def test_two_nodes_each_with_its_own_identity(node_cluster: NodeCluster, kubectl
     nodes = [_node(kubectl, n) for n in node_cluster.nodes]
     assert [n["metadata"]["name"] for n in nodes] == [node.NODE_A.name, node.NODE_B.name]
     assert all(_ready_status(n) == "True" for n in nodes), [n["status"]["conditions"] for n in nodes]
+    # Ready since they registered: the shortened node-monitor grace period (NODE_MONITOR_GRACE_S) never took a live
+    # node for lost while the tests before this one (training jobs on both nodes) loaded the machine.
+    for n in nodes:
+        ready = next(c for c in n["status"]["conditions"] if c["type"] == "Ready")
+        since = datetime.fromisoformat(ready["lastTransitionTime"]) - datetime.fromisoformat(
+            n["metadata"]["creationTimestamp"]
+        )
+        assert since.total_seconds() < 60, (n["metadata"]["name"], ready, n["metadata"]["creationTimestamp"])
     zones = [n["metadata"]["labels"]["topology.kubernetes.io/zone"] for n in nodes]
     assert zones == [node.NODE_A.zone, node.NODE_B.zone] and len(set(zones)) == 2
     ips = [next(a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP") for n in nodes]
