@@ -25,14 +25,16 @@ registry-bin: ## Build the CNCF distribution registry from its Go module (tools/
 prometheus-bin: ## Build Prometheus from its Go module (tools/cluster/prometheus; no web UI assets; cached per version)
 	PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster bin prometheus
 
-# NODE=auto starts a node (kubelet, containerd, kube-proxy, CoreDNS) where the machine allows it and says why
-# not otherwise; NODE=off: control plane only. The built cpu and operator images are imported into the node.
+# NODE=auto starts the nodes (kubelet, containerd, kube-proxy each; CoreDNS) where the machine allows it and says
+# why not otherwise; NODE=off: control plane only. NODES=2 (default): ftjob-node and ftjob-node-b; NODES=1: the
+# first only. The built cpu and operator images are imported into every node.
 NODE ?= auto
-cluster-up: setup k8s-bins ## Start a local control plane (+ a node where possible, NODE=auto|on|off) in the background
-	$(CLUSTER_PY) up --dir $(CLUSTER_DIR) --node $(NODE) \
+NODES ?= 2
+cluster-up: setup k8s-bins ## Start a local control plane (+ NODES=2 kubelet nodes where possible, NODE=auto|on|off) in the background
+	$(CLUSTER_PY) up --dir $(CLUSTER_DIR) --node $(NODE) --nodes $(NODES) \
 	  --image finetune-operator/cpu:$(IMAGE_TAG) --image finetune-operator/operator:$(OPERATOR_IMAGE_TAG)
 
-cluster-down: setup ## Stop what cluster-up started and undo the node's host changes (interfaces, routes, iptables, mounts, cgroups, sysctls)
+cluster-down: setup ## Stop what cluster-up started and undo the nodes' host changes (interfaces, namespaces, routes, iptables, mounts, cgroups, sysctls)
 	$(CLUSTER_PY) down --dir $(CLUSTER_DIR)
 
 cluster-status: setup ## Show whether the cluster-up control plane runs

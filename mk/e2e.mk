@@ -1,12 +1,12 @@
-# End-to-end tier: a real node (kubelet, containerd, runc, CNI, kube-proxy, CoreDNS) beside the control plane,
-# the operator installed by Helm as a pod, FineTuneJobs applied with kubectl (tests/e2e, docs/cluster.md).
+# End-to-end tier: two real nodes (kubelet, containerd, runc, CNI and kube-proxy each; CoreDNS) beside the control
+# plane, the operator installed by Helm as a pod, FineTuneJobs applied with kubectl (tests/e2e, docs/cluster.md).
 .PHONY: node-bins test-e2e
 
 node-bins: ## Build kubelet, kube-proxy (k8s module), CoreDNS and, where the kernel can run it, kube-network-policies (their modules) into the binary cache
 	$(CLUSTER_TOOL) build --node
 
 # Where the machine cannot run a node (not root, no cgroups) the tier says why and passes without building.
-test-e2e: setup ## E2E tier: real pods on a kubelet node, operator in-cluster via Helm, seed jobs end to end
+test-e2e: setup ## E2E tier: real pods on two kubelet nodes, operator in-cluster via Helm, seed jobs end to end, node faults
 	./hack/apt-install.sh --tier test-e2e
 	@if ! $(CLUSTER_PY) node-check; then echo "test-e2e skipped"; exit 0; fi; \
 	  $(MAKE) --no-print-directory k8s-bins node-bins image-cpu image-operator && \

@@ -97,7 +97,7 @@ class TaskConfig:
     dataset: DatasetConfig
     tokenizer: str | None = None
     max_length: int = 128
-    doc_stride: int = 128
+    doc_stride: int = 32  # the CRD's default (api/schema.py), for a config written by hand; the operator writes it
     labels: list[str] | None = None
     inference_samples: list[str] | None = None  # text-classification: sentences; causal-lm: prompts
     inference_questions: list[dict[str, str]] | None = None  # question-answering: {question, context}
@@ -123,7 +123,7 @@ class TaskConfig:
             model=d["model"],
             tokenizer=d.get("tokenizer"),
             max_length=int(d.get("maxLength") or 128),
-            doc_stride=int(d.get("docStride") or 128),
+            doc_stride=int(d.get("docStride") or 32),
             labels=list(d["labels"]) if d.get("labels") else None,
             inference_samples=samples,
             inference_questions=questions,

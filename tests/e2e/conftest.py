@@ -1,9 +1,10 @@
-"""End-to-end tier: a LocalCluster with a real node (kubelet, containerd, runc, CNI bridge, kube-proxy,
-CoreDNS), the operator installed by Helm as a pod, and FineTuneJobs applied with kubectl (docs/cluster.md).
+"""End-to-end tier: a LocalCluster with two real nodes (kubelet, containerd, runc, CNI bridge and kube-proxy
+each, in zones of their own; CoreDNS), the operator installed by Helm as a pod, and FineTuneJobs applied with
+kubectl (docs/cluster.md).
 
 The session skips, saying why, where this machine cannot run a node (not root, no cgroups, no containerd) or
 the images are not built (`make test-e2e` builds them). Nothing here writes pod status or serves logs: the
-kubelet does.
+kubelets do.
 
 Fixtures: `node_cluster`, `kubectl`, `operator` (the Helm release), `job_namespace` (restricted Pod Security,
 with an `output` claim on a hostPath ReadWriteMany volume that holds the examples' models and data).
@@ -41,11 +42,21 @@ RESTRICTED = {
 }
 
 
+# The nodes pose as this instance type of the cpu profile (node.kubernetes.io/instance-type), so that a job asks
+# for whole nodes as on EKS (hardware.instanceType; pods.scheduling then spreads its ranks one per node). Their
+# capacity is this machine's, so the jobs set small resources of their own.
+INSTANCE_TYPE = "m7i.xlarge"
+# The controller-manager's node-monitor grace period (default 50 s): a killed node is seen NotReady in about
+# this much (docs/cluster.md "Node faults").
+NODE_MONITOR_GRACE_S = 20
+
+
 @dataclass(frozen=True)
 class NodeCluster:
     cluster: LocalCluster
     kubeconfig: Path
     volumes: Path  # host directory under which the hostPath PersistentVolumes live
+    nodes: tuple[str, ...]  # node names, node A first
 
 
 @pytest.fixture(scope="session")
@@ -57,17 +68,22 @@ def node_cluster(request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
         if not node.docker_has(ref):
             pytest.skip(f"image {ref} is not built (make image-cpu image-operator, or make test-e2e)")
     directory = Path(tempfile.mkdtemp(prefix="ftjob-e2e-"))
-    cluster = node.node_cluster(directory)
+    cluster = node.node_cluster(
+        directory,
+        node_monitor_grace_s=NODE_MONITOR_GRACE_S,
+        labels={"node.kubernetes.io/instance-type": INSTANCE_TYPE},
+    )
     with node.node_lock():
         try:
             times = node.start(cluster, [RUNTIME_IMAGE, OPERATOR_IMAGE], detach=False)
             print(f"[ftjob-e2e] {', '.join(f'{k} {v:.1f}' for k, v in times.items())}", flush=True)
             volumes = directory / "volumes"
             volumes.mkdir()
-            yield NodeCluster(cluster, cluster.kubeconfig, volumes)
+            names = tuple(n.name for n in node.cluster_nodes(cluster))
+            yield NodeCluster(cluster, cluster.kubeconfig, volumes, names)
         finally:
             node.stop(cluster, directory)
-    left = node.leftovers(directory / "node")
+    left = node.leftovers(directory)
     assert not left, f"cluster-down left host changes behind: {left}"
     # Kept for a failed session only: etcd's data, the pods' logs and the jobs' models are a few hundred MB a run,
     # and a CI machine that runs the tier again and again filled its disk with them.

@@ -57,8 +57,8 @@ def test_rank_killed_after_checkpoint_restarts_group_and_resumes(
     )
     victim = _rank_pods(kubectl, ns, "ja-resume")[-1]
     cid = victim["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
-    # Through the runtime, as an OOM killer or a crash would: the kubelet sees exit code 137.
-    node.ctr("tasks", "kill", "-s", "KILL", cid)
+    # Through the runtime of the victim's node, as an OOM killer or a crash would: the kubelet sees exit code 137.
+    node.ctr("tasks", "kill", "-s", "KILL", cid, node=node.node_spec(victim["spec"]["nodeName"]))
     st = _wait_phase(kubectl, ns, "ja-resume", ("Succeeded", "Failed"), JOB_TIMEOUT)
     assert st["phase"] == "Succeeded", st
     assert st.get("restartCount", 0) >= 1, st

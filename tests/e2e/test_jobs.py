@@ -1,5 +1,7 @@
-"""Seed jobs end to end on the real node: `kubectl apply -f` a FineTuneJob, the operator (a pod installed by
-Helm, in-cluster credentials) renders pods that the kubelet runs from the locally built cpu image."""
+"""Seed jobs end to end on the real nodes: `kubectl apply -f` a FineTuneJob, the operator (a pod installed by
+Helm, in-cluster credentials) renders pods that the kubelets run from the locally built cpu image. The torchrun
+and MPI jobs ask for whole nodes (hardware.instanceType) and so run one rank pod on each of the two nodes:
+their rendezvous, collectives and ssh cross from one node's network namespace to the other's."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from cluster_support import Kubectl
+from conftest import NodeCluster
 
 from finetune_operator.api.schema import CACHE_FOLDER
 from finetune_operator.progress import parse_line
@@ -73,7 +76,15 @@ def test_operator_runs_in_cluster_with_service_account(kubectl: Kubectl, operato
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
-def test_torchrun_ja_sentiment_two_pods(kubectl: Kubectl, job_namespace: tuple[str, Path]) -> None:
+def _nodes_of(kubectl: Kubectl, ns: str, pods: set[str]) -> dict[str, str]:
+    """Pod name -> the node it was bound to, for the pods of `pods` that exist."""
+    items = json.loads(kubectl("-n", ns, "get", "pods", "-o", "json").stdout)["items"]
+    return {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in items if p["metadata"]["name"] in pods}
+
+
+def test_torchrun_ja_sentiment_two_pods(
+    kubectl: Kubectl, job_namespace: tuple[str, Path], node_cluster: NodeCluster
+) -> None:
     ns, host = job_namespace
     kubectl("-n", ns, "apply", "-f", str(JOBS / "ja-sentiment-torchrun.yaml"))
     progress: list[str] = []
@@ -91,6 +102,8 @@ def test_torchrun_ja_sentiment_two_pods(kubectl: Kubectl, job_namespace: tuple[s
     pods = json.loads(kubectl("-n", ns, "get", "pods", "-o", "json").stdout)["items"]
     ranks = [p for p in pods if p["metadata"]["name"].startswith("ja-sentiment-rank-")]
     assert len(ranks) == 2, [p["metadata"]["name"] for p in pods]
+    # One rank per node (the operator's anti-affinity for whole-node pods), so rank 1 reached rank 0 across nodes.
+    assert sorted(p["spec"]["nodeName"] for p in ranks) == sorted(node_cluster.nodes), [p["spec"] for p in ranks]
     env = {e["name"]: e.get("value", "") for e in ranks[1]["spec"]["containers"][0].get("env", [])}
     assert env["FTJOB_MASTER_ADDR"] == f"ja-sentiment-rank-0.ja-sentiment.{ns}.svc", env
     assert all(p["status"]["phase"] == "Succeeded" for p in ranks), [p["status"] for p in ranks]
@@ -107,18 +120,25 @@ def test_torchrun_ja_sentiment_two_pods(kubectl: Kubectl, job_namespace: tuple[s
 # Found by this tier (the simulated-node tier cannot see it): under a real kubelet the pods' HOME is an emptyDir
 # owned by root and 0777 (fsGroup gives group 1000 only), which uid 1000 may not chmod; sshd then runs without
 # StrictModes (sshd.secure_parent) instead of every worker exiting 1.
-def test_mpi_mpich_squad_launcher_and_two_workers(kubectl: Kubectl, job_namespace: tuple[str, Path]) -> None:
+def test_mpi_mpich_squad_launcher_and_two_workers(
+    kubectl: Kubectl, job_namespace: tuple[str, Path], node_cluster: NodeCluster
+) -> None:
     ns, host = job_namespace
     kubectl("-n", ns, "apply", "-f", str(JOBS / "squad-mpich.yaml"))
     running: set[str] = set()  # workers are deleted once the launcher is done (cleanPodPolicy Running)
+    workers = {"squad-mpi-worker-0", "squad-mpi-worker-1"}
+    placed: dict[str, str] = {}  # worker -> node, read while they exist
 
     def watch() -> None:
         out = kubectl("-n", ns, "get", "pods", "--field-selector=status.phase=Running", "-o", "name", check=False)
         running.update(n.removeprefix("pod/") for n in out.stdout.split())
+        placed.update({k: v for k, v in _nodes_of(kubectl, ns, workers).items() if v})
 
     job = _run_to_end(kubectl, ns, "squad-mpi", watch)
     assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
-    assert {"squad-mpi-launcher", "squad-mpi-worker-0", "squad-mpi-worker-1"} <= running, running
+    assert {"squad-mpi-launcher", *workers} <= running, running
+    # One sshd worker per node: mpirun's proxies and the ranks' collectives crossed between the nodes.
+    assert sorted(placed.values()) == sorted(node_cluster.nodes), placed
     metrics = list((host / "squad-mpi").rglob("*metrics*.json"))
     assert metrics, sorted(str(p) for p in (host / "squad-mpi").rglob("*"))[:50]
 

@@ -98,6 +98,7 @@ def _outsider(kubectl: Kubectl, ns: str, image: str) -> str:
         "kind": "Pod",
         "metadata": {"name": "outsider", "namespace": ns, "labels": {"app": "outsider"}},
         "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node.NODE_NAME},  # where the agent polices (node A)
             "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [
                 {

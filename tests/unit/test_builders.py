@@ -115,6 +115,87 @@ def test_trn1_device_counts(procs: int, resource: str, count: str) -> None:
     assert c.pods[0]["spec"]["containers"][0]["resources"]["limits"][resource] == count
 
 
+def _one_per_node_terms(p: dict[str, Any]) -> list[Any]:
+    anti = p["spec"].get("affinity", {}).get("podAntiAffinity", {})
+    return [t for t in anti.get("requiredDuringSchedulingIgnoredDuringExecution", []) if t["topologyKey"] == HOSTNAME]
+
+
+HOSTNAME = "kubernetes.io/hostname"
+
+
+@pytest.mark.parametrize(
+    ("job", "roles"),
+    [
+        (make_job("big").profile("trn1").instance("trn1.32xlarge").nodes(2).classification(), ["rank"] * 2),
+        (make_job("spr").profile("xeon-amx").instance("m7i.metal-48xl").nodes(3).qa(), ["worker"] * 3),
+        (make_job("gpu").profile("nvidia").instance("p5.48xlarge").nodes(2).qa(), ["rank"] * 2),
+        (make_job("cpu").profile("cpu").instance("m7i.xlarge").nodes(2).classification(), ["rank"] * 2),
+    ],
+    ids=["trn1.32xlarge", "m7i.metal-48xl-mpi", "p5.48xlarge", "cpu-m7i.xlarge"],
+)
+def test_whole_node_pods_of_a_multi_node_job_go_one_per_node(job: Any, roles: list[str]) -> None:
+    """Each rank pod takes a whole instance: a required anti-affinity on the node's hostname between the job's
+    pods of that role keeps any two off one node. The MPI launcher is not a rank: it goes wherever it fits."""
+    c = render(job.build())
+    assert c.layout.whole_node
+    holders = [p for p in c.pods if p["metadata"]["labels"][LABEL_ROLE] != "launcher"]
+    assert [p["metadata"]["labels"][LABEL_ROLE] for p in holders] == roles
+    name = c.names.job
+    for p in holders:
+        assert _one_per_node_terms(p) == [
+            {
+                "labelSelector": {"matchLabels": {"finetune.dev/job-name": name, LABEL_ROLE: roles[0]}},
+                "topologyKey": HOSTNAME,
+            }
+        ]
+        # The selector matches the pod itself and its peers, and no pod of another job.
+        assert p["metadata"]["labels"]["finetune.dev/job-name"] == name
+    launcher = [p for p in c.pods if p["metadata"]["labels"][LABEL_ROLE] == "launcher"]
+    assert all("affinity" not in p["spec"] for p in launcher)
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        make_job("one").profile("trn1").instance("trn1.32xlarge").nodes(1).classification(),  # a single pod
+        make_job("part").profile("trn1").instance("trn1.32xlarge").nodes(2).procs(8).classification(),  # 4 of 16
+        make_job("half").profile("nvidia").instance("g5.12xlarge").nodes(2).procs(2).qa(),  # 2 of 4 GPUs
+        make_job("sized").profile("cpu").nodes(2).classification(),  # no instance type: sized from resources
+    ],
+    ids=["single-node", "trn1-4-of-16-devices", "g5.12xlarge-2-of-4-gpus", "cpu-no-instance-type"],
+)
+def test_pods_that_share_a_node_get_no_anti_affinity(job: Any) -> None:
+    c = render(job.build())
+    assert all(_one_per_node_terms(p) == [] and "affinity" not in p["spec"] for p in c.pods)
+
+
+def test_one_per_node_is_added_to_the_users_affinity() -> None:
+    """spec.hardware.affinity keeps its own terms (node affinity, the user's anti-affinity); the operator's term
+    is added to the required list, not put in place of it."""
+    users = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "noisy"}}, "topologyKey": HOSTNAME}
+            ]
+        },
+    }
+    job = make_job("big").profile("trn1").instance("trn1.32xlarge").nodes(2).classification()
+    c = render(job.set("spec.hardware.affinity", users).build())
+    affinity = pod(c, "big-rank-1")["spec"]["affinity"]
+    assert affinity["nodeAffinity"] == users["nodeAffinity"]
+    required = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required[0] == users["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert required[1]["labelSelector"]["matchLabels"]["finetune.dev/job-name"] == "big"
+    assert len(required) == 2
+
+
 def test_xeon_threads_hostfile_and_guaranteed_qos() -> None:
     c = render(load_sample("xeon-distilbert-squad"))
     assert c.layout.launcher == "mpi" and c.layout.world_size == 8

@@ -333,15 +333,15 @@ def test_text_classification_needs_labels_or_a_label_map() -> None:
 
 
 def test_question_answering_stride_must_leave_room_for_the_question() -> None:
-    """The tokenizer refuses a stride >= the window (the defaults, 128 and 128, included), but only after the
-    dataset was loaded: admission refuses docStride of half maxLength or more."""
+    """The tokenizer refuses a stride >= the window, but only after the dataset was loaded: admission refuses
+    docStride of half maxLength or more. The defaults themselves pass (docStride 32, maxLength 128)."""
+    validate(make_job().qa().build())
     with pytest.raises(InvalidSpec) as exc:
-        validate(make_job().qa().build())
+        validate(make_job().qa().set("spec.task.docStride", 64).build())
     assert [e.field for e in exc.value.errors] == ["spec.task.docStride"]
     with pytest.raises(InvalidSpec, match=r"spec.task.docStride"):
-        validate(make_job().qa().set("spec.task.maxLength", 256).build())
-    validate(make_job().qa().set("spec.task.maxLength", 384).build())
-    validate(make_job().qa().set("spec.task.docStride", 32).build())
+        validate(make_job().qa().set("spec.task.docStride", 128).set("spec.task.maxLength", 256).build())
+    validate(make_job().qa().set("spec.task.docStride", 128).set("spec.task.maxLength", 384).build())
 
 
 @pytest.mark.parametrize("source", ["name", "path"])

@@ -313,7 +313,7 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             "leaves no room for them (after the dataset was loaded); lower docStride (e.g. 32 with maxLength 128) "
             "or raise maxLength (e.g. 384)",
             lambda t: (
-                t.get("type") != "question-answering" or 2 * int(t.get("docStride", 128)) < int(t.get("maxLength", 128))
+                t.get("type") != "question-answering" or 2 * int(t.get("docStride", 32)) < int(t.get("maxLength", 128))
             ),
         ),
         Rule(

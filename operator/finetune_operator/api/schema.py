@@ -295,10 +295,11 @@ TASK = _o(
         "maxLength": _i("Maximum tokens per example.", minimum=8, maximum=8192, default=128),
         "docStride": _i(
             "Overlap between windows of long contexts (question-answering); less than half of maxLength, since "
-            "each window also holds the question and the tokenizer's special tokens.",
+            "each window also holds the question and the tokenizer's special tokens. The default fits the default "
+            "maxLength; with maxLength 384, 128 is the usual choice.",
             minimum=1,
             maximum=4096,
-            default=128,
+            default=32,
         ),
         "labels": _strlist("Class names by id, e.g. [negative, positive]; saved in the model config.", 1024),
         "inferenceSamples": _strlist(

@@ -26,6 +26,8 @@ class Layout:
     efa: bool  # pods request EFA interfaces (multi-node on an EFA instance)
     mpi_implementation: str | None
     cpu_per_pod: float | None  # effective CPUs of a rank pod, for thread math
+    # Each rank pod is sized to take its whole instance (pods.scheduling then keeps two of them off one node).
+    whole_node: bool = False
 
     @property
     def world_size(self) -> int:
@@ -52,9 +54,15 @@ def _procs(spec_hw: dict[str, Any], spec: dict[str, Any], p: Profile, inst: Inst
     return 1
 
 
+def _share(p: Profile, inst: InstanceType, procs: int) -> float:
+    """The part of the instance one pod takes: its devices' share where processes follow devices, else all of it
+    (one per socket, or one per pod, is sized to the whole machine)."""
+    return procs / inst.cores if p.procs_per in ("core", "device") and inst.cores else 1.0
+
+
 def _sized_resources(p: Profile, inst: InstanceType, procs: int, guaranteed: bool) -> dict[str, str]:
     """CPU and memory for one pod: the instance minus the system's share, in proportion to the devices used."""
-    share = procs / inst.cores if p.procs_per in ("core", "device") and inst.cores else 1.0
+    share = _share(p, inst, procs)
     vcpus = (inst.vcpus - p.reserved_vcpus) * share
     if guaranteed and p.threads:
         # Whole cores for every rank, so the static CPU manager can give each rank its own physical cores.
@@ -151,4 +159,7 @@ def resolve(job: dict[str, Any]) -> Layout:
         efa=efa,
         mpi_implementation=(mpi.get("implementation") or p.default_mpi) if launcher == "mpi" else None,
         cpu_per_pod=parse_cpu(cpu_q) if cpu_q else None,
+        # From the instance and the process count, not from resources the user set: a trn1.32xlarge pod with
+        # all 32 NeuronCores still owns its node when its memory request is lowered.
+        whole_node=inst is not None and _share(p, inst, procs) >= 1.0,
     )

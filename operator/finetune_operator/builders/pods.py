@@ -81,9 +81,36 @@ def _security(uid: int) -> tuple[dict[str, Any], dict[str, Any]]:
     return pod, container
 
 
+# Where "one pod per node" is counted: the node itself (every node has this label, set by the kubelet).
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def _one_per_node(affinity: Any, job_name: str, role: str) -> Any:
+    """`affinity` (the user's, or None) plus a required pod anti-affinity between this job's pods of `role` on
+    HOSTNAME_TOPOLOGY: a job whose pods each take a whole instance never gets two on one node, whatever the
+    scheduler's scoring or a node's spare capacity. A user's affinity of the wrong shape is passed on unchanged
+    (the API server refuses it with its own message, as for any malformed affinity)."""
+    term = {
+        "labelSelector": {"matchLabels": {c.LABEL_JOB_NAME: job_name, c.LABEL_ROLE: role}},
+        "topologyKey": HOSTNAME_TOPOLOGY,
+    }
+    out = affinity if affinity is not None else {}
+    if not isinstance(out, dict):
+        return affinity
+    anti = out.setdefault("podAntiAffinity", {})
+    if not isinstance(anti, dict):
+        return affinity
+    required = anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", [])
+    if not isinstance(required, list):
+        return affinity
+    required.append(term)
+    return out
+
+
 def scheduling(job: dict[str, Any], layout: Layout, role: str) -> dict[str, Any]:
     """A role's scheduling fields from the job alone (before any Kueue flavor is placed on them). The MPI
-    launcher only runs mpirun: it goes wherever it fits, not onto an accelerator node."""
+    launcher only runs mpirun: it goes wherever it fits, not onto an accelerator node. Rank-holding pods that
+    each take a whole instance (Layout.whole_node) of a multi-node job go one per node."""
     hw = job["spec"]["hardware"]
     if role == c.ROLE_LAUNCHER:
         return {"schedulerName": hw["schedulerName"]} if hw.get("schedulerName") else {}
@@ -98,8 +125,11 @@ def scheduling(job: dict[str, Any], layout: Layout, role: str) -> dict[str, Any]
     tolerations = [dict(t) for t in p.tolerations] + list(hw.get("tolerations") or [])
     if tolerations:
         out["tolerations"] = tolerations
-    if hw.get("affinity"):
-        out["affinity"] = copy.deepcopy(hw["affinity"])
+    affinity = copy.deepcopy(hw["affinity"]) if hw.get("affinity") else None
+    if layout.nodes > 1 and layout.whole_node:
+        affinity = _one_per_node(affinity, job["metadata"]["name"], role)
+    if affinity:
+        out["affinity"] = affinity
     if hw.get("schedulerName"):
         out["schedulerName"] = hw["schedulerName"]
     return out

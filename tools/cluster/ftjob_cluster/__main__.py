@@ -6,8 +6,9 @@ bin NAME...      print absolute paths of pinned binaries, fetching/building them
 build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS,
                  and kube-network-policies where the kernel can run it; never Kueue: `make kueue-bin`)
 node-check       say whether this machine can run a node
-up --dir DIR     start a control plane that keeps running after this command exits; --node auto|on adds a
-                 node (kubelet, containerd, kube-proxy, CoreDNS) when this machine can run one
+up --dir DIR     start a control plane that keeps running after this command exits; --node auto|on adds
+                 nodes (kubelet, containerd, kube-proxy each; CoreDNS) when this machine can run them,
+                 --nodes 1|2 of them (default 2)
 down --dir DIR   stop it and undo the node's host changes
 status --dir DIR say whether it runs and where its kubeconfig is
 """
@@ -76,13 +77,14 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"control plane only, no node: {reason}")
         cluster = LocalCluster(directory).start(detach=True)
     else:
-        cluster = node.node_cluster(directory)
+        cluster = node.node_cluster(directory, nodes=args.nodes)
         try:
             times = node.start(cluster, [i for i in args.image if node.docker_has(i, warn=True)], detach=True)
         except BaseException:
             node.stop(None, directory)
             raise
-        print(f"node {node.NODE_NAME} Ready ({', '.join(f'{k} {v:.1f}' for k, v in times.items())})")
+        names = ", ".join(f"{n.name} ({n.zone})" for n in node.cluster_nodes(cluster))
+        print(f"nodes {names} Ready ({', '.join(f'{k} {v:.1f}' for k, v in times.items())})")
         if any(c.name == node.NetworkPolicyAgent.name for c in cluster.components):
             print(f"NetworkPolicy enforced by kube-network-policies {bins.NETPOL_VERSION}")
         else:
@@ -107,8 +109,8 @@ def _cmd_down(args: argparse.Namespace) -> int:
     directory = args.dir.resolve()
     if (directory / "node" / "host-state.json").exists():
         node.stop(None, directory)
-        left = node.leftovers(directory / "node")
-        print(f"stopped the cluster and its node in {time.monotonic() - start:.1f} s; host changes undone")
+        left = node.leftovers(directory)
+        print(f"stopped the cluster and its nodes in {time.monotonic() - start:.1f} s; host changes undone")
         for item in left:
             print(f"  still present: {item}", file=sys.stderr)
         return 1 if left else 0
@@ -162,10 +164,17 @@ def main(argv: list[str] | None = None) -> int:
                 help="start a node: auto = when this machine can (root, cgroups, containerd)",
             )
             p.add_argument(
+                "--nodes",
+                type=int,
+                choices=(1, 2),
+                default=2,
+                help="how many kubelet nodes (with --node): ftjob-node, and ftjob-node-b in namespaces of its own",
+            )
+            p.add_argument(
                 "--image",
                 action="append",
                 default=[],
-                help="Docker image to import into the node's containerd (re-imported when its ID changes)",
+                help="Docker image to import into each node's containerd (re-imported when its ID changes)",
             )
         p.set_defaults(func=func)
     args = parser.parse_args(argv)

@@ -155,6 +155,10 @@ class Component:
 
     name: str = ""
     binary: str = ""
+    # The name of the executable the running process shows first in /proc/<pid>/cmdline, which
+    # `stop_detached` checks against pid reuse: `name` unless the component is started through a wrapper that
+    # execs something else (nsenter, unshare) or several components run the same program (two kubelets).
+    process_name: str = ""
 
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
@@ -170,6 +174,10 @@ class Component:
     def healthy(self, ctx: Context) -> bool:
         raise NotImplementedError
 
+    def child_setup(self) -> None:
+        """Runs in the child between fork and exec (e.g. to join a cgroup before the program starts); nothing by
+        default."""
+
     def executable(self) -> Path:
         return Path(self.binary) if os.path.isabs(self.binary) else bins.ensure_binary(self.binary)
 
@@ -179,6 +187,12 @@ class Component:
         cmd = [str(self.executable()), *self.args(ctx)]
         (ctx.log_dir / f"{self.name}.cmdline").write_text(" \\\n  ".join(cmd) + "\n")
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "ETCDCTL_API")}
+
+        def preexec() -> None:
+            if die_with_parent:
+                _die_with_parent()
+            self.child_setup()
+
         with open(self.log_path, "ab") as log:
             # Own session = own process group, so stop() signals the component and anything it forks.
             self.process = subprocess.Popen(
@@ -189,7 +203,7 @@ class Component:
                 cwd=ctx.directory,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=preexec,
             )
 
     def wait_healthy(self, ctx: Context, deadline: float) -> None:
@@ -349,6 +363,10 @@ class KubeControllerManager(_ControlPlaneClient):
     binary = "kube-controller-manager"
     user = CONTROLLER_MANAGER_USER
 
+    def __init__(self, extra_args: Sequence[str] = ()) -> None:
+        super().__init__()
+        self.extra_args = list(extra_args)
+
     def args(self, ctx: Context) -> list[str]:
         return [
             *self.serving_args(ctx),
@@ -361,6 +379,7 @@ class KubeControllerManager(_ControlPlaneClient):
             f"--cluster-signing-cert-file={ctx.ca.pair.cert}",
             f"--cluster-signing-key-file={ctx.ca.pair.key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
+            *self.extra_args,
         ]
 
 
@@ -466,7 +485,7 @@ class LocalCluster:
             "kubeconfig": str(self.kubeconfig),
             "endpoints": self.ctx.endpoints,
             "components": [
-                {"name": c.name, "pid": c.process.pid, "log": str(c.log_path)}
+                {"name": c.name, "process": c.process_name or c.name, "pid": c.process.pid, "log": str(c.log_path)}
                 for c in self.components
                 if c.process is not None
             ],
@@ -497,7 +516,7 @@ class LocalCluster:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
             except OSError:
                 continue
-            if Path(cmdline).name == comp["name"] and _pid_alive(pid):
+            if Path(cmdline).name == comp.get("process", comp["name"]) and _pid_alive(pid):
                 _terminate_group(pid, timeout)
                 stopped.append(comp["name"])
         state_file.unlink()
