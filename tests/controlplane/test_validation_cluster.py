@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_support import Cluster
 from ftjobs import make_job
 from hypothesis import HealthCheck, given, settings
 from kubernetes import client
@@ -31,7 +32,6 @@ from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys, desired
 from finetune_operator.cli import main
 from ftjob_cluster.kueue import KueueProcess
-from ftjob_cluster.testing import Cluster
 
 KEYS = SshKeys("k", "k.pub", "h", "h.pub")
 # Each example is one server round trip: a bounded sample keeps the tier fast.
