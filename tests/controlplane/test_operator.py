@@ -184,23 +184,34 @@ def _live(kube_api: client.ApiClient, ns: str, job: str) -> dict[str, dict[str, 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.stem)
 def test_children_are_exactly_what_render_predicts(
-    sample: Path, operator: Path, kubectl: Any, kube_api: Any, namespace: str, wait_for: Any, operator_config: Path
+    sample: Path,
+    operator: Path,
+    kubectl: Any,
+    kube_api: Any,
+    namespace: str,
+    wait_for: Any,
+    operator_config: Path,
+    tmp_path: Path,
 ) -> None:
     spec = yaml.safe_load(sample.read_text())
     if spec["spec"].get("serviceAccountName"):  # the user's IRSA service account, as the EKS guide makes it
         kubectl("create", "serviceaccount", spec["spec"]["serviceAccountName"], "-n", namespace)
     kubectl("apply", "-n", namespace, "-f", str(sample))
     name = spec["metadata"]["name"]
-    want = {f"{o['kind']}/{o['metadata']['name']}": o for o in _rendered(sample, namespace, operator_config)}
+    # Rendered with the job's uid, which the pods receive (FTJOB_JOB_UID) and the owner references carry.
+    uid = get_job(kube_api, namespace, name)["metadata"]["uid"]  # type: ignore[index]
+    spec["metadata"]["uid"] = uid
+    with_uid = tmp_path / sample.name
+    with_uid.write_text(yaml.safe_dump(spec))
+    want = {f"{o['kind']}/{o['metadata']['name']}": o for o in _rendered(with_uid, namespace, operator_config)}
     assert f"NetworkPolicy/{name}" in want
     live = wait_for(
         lambda: (lv := _live(kube_api, namespace, name)) and set(lv) == set(want) and lv,
         timeout=60,
         message=f"children of {name}",
     )
-    uid = get_job(kube_api, namespace, name)["metadata"]["uid"]  # type: ignore[index]
     for key, obj in want.items():
-        obj["metadata"]["ownerReferences"][0]["uid"] = uid
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == uid, key
         if obj["kind"] == "Secret":  # random per job: check shape, and that keys are real OpenSSH keys
             data = live[key]["data"]
             assert set(data) == set(obj["data"])

@@ -252,12 +252,15 @@ def test_what_wedged_a_job_or_escaped_its_accounting_is_refused_by_the_api_serve
     assert _render(b.build(), namespace) is not None
 
 
-def test_question_answering_with_the_default_stride_is_refused(
+def test_question_answering_strides_the_tokenizer_would_refuse_are_refused(
     crd: None, kube_api: client.ApiClient, namespace: str
 ) -> None:
-    refused = _create(kube_api, namespace, make_job("qa").qa().build())
+    """The API server refuses a docStride of half maxLength or more; the defaults pass."""
+    assert _create(kube_api, namespace, make_job("qa-defaults").qa().build()) is None
+    refused = _create(kube_api, namespace, make_job("qa").qa().set("spec.task.docStride", 64).build())
     assert refused is not None and "spec.task.docStride" in refused
-    assert _create(kube_api, namespace, make_job("qa").qa().set("spec.task.maxLength", 384).build()) is None
+    wide = make_job("qa-wide").qa().set("spec.task.docStride", 128).set("spec.task.maxLength", 384).build()
+    assert _create(kube_api, namespace, wide) is None
 
 
 # --- spec.runPolicy.queueName is frozen once admitted: real Kueue, real operator ----------------------------------
