@@ -303,7 +303,16 @@ def test_pending_running_succeeded(
     st = _wait_phase(kube_api, namespace, "ok", "Running", wait_for)
     assert st["ranks"] == {"ready": 2, "total": 2} and st["startTime"]
     out = kubectl("get", "ftj", "ok", "-n", namespace).stdout
-    assert out.split("\n")[0].split() == ["NAME", "PROFILE", "NODES", "PHASE", "PROGRESS", "RESTARTS", "AGE"]
+    assert out.split("\n")[0].split() == [
+        "NAME",
+        "PROFILE",
+        "NODES",
+        "PHASE",
+        "PROGRESS",
+        "THROUGHPUT",
+        "RESTARTS",
+        "AGE",
+    ]
     assert "Running" in out.split("\n")[1]
     for p in pods:
         kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
