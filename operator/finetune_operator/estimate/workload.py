@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from .. import profiles
+from ..builders.env import thread_env
+from ..builders.layout import Layout
 from ..profiles import DeviceKind
 from .flops import Lora, ModelShape, flops_per_sample, trained_params
 
@@ -101,3 +103,17 @@ def devices_per_rank_default(profile: str) -> float | None:
     """1 where a rank drives one NeuronCore or GPU; None where it depends on the pod's CPUs (cpu, xeon-amx)."""
     p = profiles.get(profile)
     return 1.0 if p.procs_per in ("core", "device") else None
+
+
+def rank_share(layout: Layout) -> tuple[DeviceKind | None, float]:
+    """The device kind of the job's hardware (None where its profile has no throughput data for it) and how many
+    of those devices one rank computes on: 1 NeuronCore or GPU; on CPUs, the threads the pod's env gives a rank
+    (OMP_NUM_THREADS: cores on xeon-amx, vCPUs on cpu), else its share of the pod's CPUs. Read by `ftjob estimate`
+    and by the operator's MFU (throughput.py), so that both count a job's devices alike."""
+    p = layout.profile
+    tp = p.throughput
+    kind = tp.device_for(layout.instance.name if layout.instance else None) if tp else None
+    if p.procs_per in ("core", "device"):
+        return kind, 1.0
+    threads = thread_env(layout).get("OMP_NUM_THREADS")
+    return kind, float(threads) if threads else max(1.0, (layout.cpu_per_pod or 1.0) / layout.procs_per_node)
