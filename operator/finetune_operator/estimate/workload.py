@@ -19,7 +19,16 @@ from .. import profiles
 from ..builders.env import thread_env
 from ..builders.layout import Layout
 from ..profiles import DeviceKind
-from .flops import Lora, ModelShape, flops_per_sample, trained_params
+from .flops import Counts, Lora, ModelShape, flops_per_sample, flops_per_token, trained_params
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A model's numbers as a run counted them on the loaded model (the runtime's progress lines, kept in a
+    FineTuneJob's status.throughput.model): what a record uses where no config.json of its model is at hand."""
+
+    counts: Counts
+    trained_params: int
 
 
 @dataclass(frozen=True)
@@ -33,12 +42,13 @@ class Workload:
     precision: str
     compile: bool
     model: str
-    shape: ModelShape
+    shape: ModelShape | None  # from the model's config; None only with `counted`
     lora: Lora | None
     tokens_per_sample: float
     batch_per_device: int
     grad_accum: int = 1
     dataset: str | None = None
+    counted: Counted | None = None
 
     @property
     def world(self) -> int:
@@ -46,11 +56,17 @@ class Workload:
 
     @property
     def flops_per_sample(self) -> float:
-        return flops_per_sample(self.shape, self.tokens_per_sample, self.lora)
+        if self.shape is not None:
+            return flops_per_sample(self.shape, self.tokens_per_sample, self.lora)
+        assert self.counted is not None
+        return flops_per_token(self.counted.counts, self.tokens_per_sample) * self.tokens_per_sample
 
     @property
     def trained_params(self) -> int:
-        return trained_params(self.shape, self.lora)
+        if self.shape is not None:
+            return trained_params(self.shape, self.lora)
+        assert self.counted is not None
+        return self.counted.trained_params
 
     @property
     def device_kind(self) -> DeviceKind:
