@@ -56,7 +56,7 @@ TRAINING = {
         "attentionWidth": 64,
         "trainableMatmulParams": 69760,
         "frozenMatmulParams": 0,
-        "trainableParams": 175_042,
+        "trainableParams": 179_714,
     },
 }
 
