@@ -7,8 +7,9 @@ this process is the one that acts (leader election).
 
 The per-job gauges come from status.progress and status.throughput (rank 0's progress lines, progress.py and
 throughput.py) and exist only while a job trains: controller.JobLoop sets them when it reads progress and clears
-them when the job leaves Running, is deleted, or its loop stops, so a finished job leaves no stale series behind. The chart's Grafana dashboard
-(charts/finetune-operator/dashboards/) queries these names; tests/chart checks it against `exported_names()`.
+them when the job leaves Running, is deleted, or its loop stops, so a finished job leaves no stale series behind.
+The chart's Grafana dashboard (charts/finetune-operator/dashboards/) queries these names; tests/chart checks it
+against `exported_names()`.
 """
 
 from __future__ import annotations
