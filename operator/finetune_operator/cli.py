@@ -241,23 +241,40 @@ def _run(args: argparse.Namespace) -> int:
 def _estimate(args: argparse.Namespace) -> int:
     import json
 
-    from .estimate import (
-        Calibration,
-        estimate,
-        leave_one_out,
-        load_prices,
-        load_records,
-        loo_markdown,
-        render_text,
-        to_json,
-    )
+    from .estimate import Calibration, estimate, leave_one_out, load_prices, loo_markdown, render_text, to_json
+    from .estimate.runs import RUN_ORIGIN, load_calibration
 
+    jobs: list[dict[str, Any]] = []
+    if args.calibration_from_cluster:
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.config.config_exception import ConfigException
+
+        from .k8s import Kube, load_client_config
+
+        where = f"namespace {args.calibration_namespace}" if args.calibration_namespace else "all namespaces"
+        try:
+            load_client_config()
+            jobs = Kube().list_jobs(args.calibration_namespace)
+        except (ConfigException, ApiException, OSError) as e:
+            print(f"error: --calibration-from-cluster: cannot list the FineTuneJobs of {where}: {e}", file=sys.stderr)
+            print(
+                "  (list permission on finetunejobs is needed; or save them and pass the file: "
+                "kubectl get ftj -n NS -o yaml > runs.yaml; ftjob estimate --calibration runs.yaml)",
+                file=sys.stderr,
+            )
+            return 1
     try:
-        cal = Calibration(load_records(args.calibration or []))
+        records, skipped = load_calibration(args.calibration or [], jobs)
+        cal = Calibration(records)
         prices = load_prices(args.prices)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    runs = [r for r in records if r.origin.startswith(RUN_ORIGIN)]
+    if runs or skipped or args.calibration_from_cluster:
+        print(f"calibration: {len(runs)} measured run(s) of FineTuneJobs", file=sys.stderr)
+        for why in skipped:
+            print(f"  no record from {why}", file=sys.stderr)
     if args.leave_one_out:
         sys.stdout.write(loo_markdown(leave_one_out(cal)))
         return 0
@@ -384,8 +401,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration",
         action="append",
         metavar="FILE",
-        help="more calibration records (YAML or JSON; repeatable): a record replaces a shipped one of the same id",
+        help="more calibration records (YAML or JSON; repeatable; '-' for stdin): a record replaces a shipped one of "
+        "the same id. FineTuneJobs (`kubectl get ftj -o yaml`) give a record per Succeeded job with measured "
+        "throughput",
     )
+    e.add_argument(
+        "--calibration-from-cluster",
+        action="store_true",
+        help="add a record for each Succeeded FineTuneJob of the cluster (its spec and status.throughput; the "
+        "current kubeconfig; all namespaces unless --calibration-namespace)",
+    )
+    e.add_argument("--calibration-namespace", metavar="NS", help="with --calibration-from-cluster: only this one")
     e.add_argument("--prices", metavar="FILE", help="a price table to use instead of the shipped one")
     e.add_argument("--model-config", metavar="FILE", help="the model's config.json (for a model not known here)")
     e.add_argument(

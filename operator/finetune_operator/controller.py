@@ -30,10 +30,10 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from . import constants as c
-from . import progress
+from . import progress, throughput
 from .admission import validate
 from .api.validation import InvalidSpec
-from .builders.layout import launcher_of
+from .builders.layout import launcher_of, resolve
 from .builders.names import Names
 from .builders.objects import SshKeys
 from .conditions import TERMINAL, set_condition
@@ -227,12 +227,14 @@ class Followed:
     ident: dict[str, Any]  # {"metadata": {"uid", "generation"}}: all fingerprint() reads of the job
     source: tuple[str, str]  # rank0_log_source(job, phase)
     status: dict[str, Any]
+    hardware: throughput.Context  # what status.throughput's MFU needs of the job (its devices and their peaks)
 
     @classmethod
     def of(cls, job: dict[str, Any], status: dict[str, Any]) -> Followed:
         meta = job["metadata"]
         ident = {"metadata": {"uid": meta.get("uid"), "generation": meta.get("generation")}}
-        return cls(ident, rank0_log_source(job, status.get("phase")), status)
+        hardware = throughput.Context.of(job, resolve(job))
+        return cls(ident, rank0_log_source(job, status.get("phase")), status, hardware)
 
 
 class JobLoop:
@@ -476,6 +478,9 @@ class JobLoop:
         if prog is None or prog == status.get("progress"):
             return
         new = {**status, "progress": prog}
+        measured = throughput.of(followed.hardware, prog)
+        if measured is not None:
+            new["throughput"] = measured
         self.cache.intend(followed.ident, new)
         patched = self.api.patch_status(self.namespace, self.name, status, new)  # sends only the changed key
         self.cache.remember(patched, True, None)
@@ -485,7 +490,7 @@ class JobLoop:
     def _export_progress(self, status: Mapping[str, Any] | None) -> None:
         """The job's Prometheus gauges follow status.progress while it trains; any other phase clears them."""
         if status is not None and status.get("progress"):
-            set_job_progress(self.namespace, self.name, status["progress"])
+            set_job_progress(self.namespace, self.name, status["progress"], status.get("throughput"))
         else:
             clear_job(self.namespace, self.name)
 

@@ -88,6 +88,7 @@ def crd() -> dict[str, Any]:
                         {"name": "Nodes", "type": "integer", "jsonPath": ".spec.hardware.nodes"},
                         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                         {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
+                        {"name": "Throughput", "type": "string", "jsonPath": ".status.throughput.summary"},
                         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],

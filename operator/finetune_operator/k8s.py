@@ -13,6 +13,7 @@
 | get ResourceFlavor | absent: None (the job waits)     | -                                                       |
 | patch Workload status | gone: ignored                 | Kueue wrote it meanwhile: ignored (2)                   |
 | post event         | errors are logged, never raised  | a repeat: count + 1 on the existing Event (aggregation) |
+| list jobs (CLI)    | namespace none: empty list       | -                                                       |
 | get Lease          | none yet: None (leader.py creates it) | -                                                  |
 | create Lease       | namespace gone: error            | another replica created it first: None (it reads it next) |
 | update Lease       | deleted meanwhile: None          | another replica wrote it first (stale resourceVersion): None |
@@ -55,6 +56,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from .constants import (
     GROUP,
+    KIND,
     KUEUE_GROUP,
     KUEUE_RESOURCE_FLAVORS,
     KUEUE_VERSION,
@@ -317,6 +319,14 @@ class Kube:
             if e.status == 404:
                 return None
             raise
+
+    def list_jobs(self, ns: str | None = None) -> list[dict[str, Any]]:
+        """Every FineTuneJob (of namespace `ns`, else of all): `ftjob estimate --calibration-from-cluster` reads
+        the runs they measured; the operator never lists them (its watches do)."""
+        prefix, plural = _PATHS["FineTuneJob"]
+        path = f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
+        items: list[dict[str, Any]] = self._json("GET", path).get("items") or []
+        return [dict(i, kind=KIND) for i in items]
 
     def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
         """Merge-patch the status subresource; keys that disappeared are sent as null. Returns the job as the

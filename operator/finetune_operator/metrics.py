@@ -5,10 +5,11 @@ outcome, so its cardinality does not grow with the number of jobs), phase transi
 namespace and reason (both bounded: namespaces are few, reasons are the operator's own constants), and whether
 this process is the one that acts (leader election).
 
-The per-job gauges come from status.progress (rank 0's progress lines, progress.py) and exist only while a job
-trains: controller.JobLoop sets them when it reads progress and clears them when the job leaves Running, is
-deleted, or its loop stops, so a finished job leaves no stale series behind. The chart's Grafana dashboard
-(charts/finetune-operator/dashboards/) queries these names; tests/chart checks it against `exported_names()`.
+The per-job gauges come from status.progress and status.throughput (rank 0's progress lines, progress.py and
+throughput.py) and exist only while a job trains: controller.JobLoop sets them when it reads progress and clears
+them when the job leaves Running, is deleted, or its loop stops, so a finished job leaves no stale series behind.
+The chart's Grafana dashboard (charts/finetune-operator/dashboards/) queries these names; tests/chart checks it
+against `exported_names()`.
 """
 
 from __future__ import annotations
@@ -59,7 +60,20 @@ JOB_SAMPLES_PER_SECOND = Gauge(
     "Training throughput of a job over all its ranks, in samples/s, between its last two progress lines",
     JOB_LABELS,
 )
-JOB_GAUGES = (JOB_PROGRESS, JOB_STEP, JOB_TOTAL_STEPS, JOB_SAMPLES_PER_SECOND)
+# From status.throughput (throughput.py): set only where the job's lines give them (a spec.command job's may not)
+# and, for MFU, where its device has a public peak at the precision in use.
+JOB_TOKENS_PER_SECOND = Gauge(
+    "finetune_operator_job_tokens_per_second",
+    "Non-padding tokens/s of a training job over all its ranks, between its last two progress lines",
+    JOB_LABELS,
+)
+JOB_MFU = Gauge(
+    "finetune_operator_job_mfu_ratio",
+    "Model FLOPs utilisation of a training job (0-1): model FLOPs/s over the dense peak of its devices at its "
+    "precision",
+    JOB_LABELS,
+)
+JOB_GAUGES = (JOB_PROGRESS, JOB_STEP, JOB_TOTAL_STEPS, JOB_SAMPLES_PER_SECOND, JOB_TOKENS_PER_SECOND, JOB_MFU)
 # 1 while this process acts: it holds the leader Lease (leader.Elector), or runs without leader election; 0
 # while it stands by. Over the replicas of one operator the sum is 1 (0 during a failover).
 LEADER = Gauge("finetune_operator_leader", "1 while this operator process acts (holds the leader Lease), 0 on standby")
@@ -86,11 +100,21 @@ def count_failure(namespace: str, old: Mapping[str, Any], new: Mapping[str, Any]
         JOB_FAILURES.labels(namespace=namespace, reason=str(new.get("reason") or "Failed")).inc()
 
 
-def set_job_progress(namespace: str, job: str, progress: Mapping[str, Any]) -> None:
-    """The gauges of one training job from its status.progress; a precompile trial run is not training."""
+def set_job_progress(
+    namespace: str, job: str, progress: Mapping[str, Any], throughput: Mapping[str, Any] | None = None
+) -> None:
+    """The gauges of one training job from its status.progress and status.throughput; a precompile trial run is
+    not training. A figure the status lacks leaves its gauge without a series (none is made up)."""
     if progress.get("event") == "precompile":
         clear_job(namespace, job)
         return
+    for gauge, key in ((JOB_TOKENS_PER_SECOND, "tokensPerSecond"), (JOB_MFU, "mfu")):
+        value = (throughput or {}).get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            gauge.labels(namespace, job).set(value)
+        else:
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, job)
     step, total, sps = progress.get("step"), progress.get("totalSteps"), progress.get("samplesPerSecond")
     if isinstance(step, int):
         JOB_STEP.labels(namespace, job).set(step)

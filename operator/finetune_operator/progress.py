@@ -43,6 +43,15 @@ _KEEP = (
     "learningRate",
     "time",
     "summaryMetric",
+    # what status.throughput is derived from (throughput.py): rates, the mean padded length of a sample, the
+    # precision the runtime trains in, the model's numbers as rank 0 counted them (or a command's own FLOPs)
+    "meanSamplesPerSecond",
+    "tokensPerSecond",
+    "paddedTokensPerSecond",
+    "paddedTokensPerSample",
+    "precision",
+    "model",
+    "flopsPerSample",
 )
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from . import cachereport, policy
+from . import cachereport, policy, throughput
 from . import constants as c
 from .builders import Layout, Names, Placement, SshKeys, desired, owner_reference, resolve
 from .builders.env import output_location
@@ -619,9 +619,12 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
     st["observedGeneration"] = job["metadata"].get("generation", 1)
     attempt = int(st.get("restartCount") or 0)
     st["restartCount"] = attempt
+    layout = resolve(job)
     if observed.progress:
         st["progress"] = observed.progress
-    layout = resolve(job)
+        measured = throughput.of(throughput.Context.of(job, layout), observed.progress)
+        if measured is not None:
+            st["throughput"] = measured
     st["worldSize"] = layout.world_size
     if (location := output_location(job, Names.of(job, layout.launcher))) is not None:
         st["output"] = {"location": location}  # the job's own directory of its claim or prefix of its URL

@@ -1,4 +1,5 @@
-"""Trainer callbacks every task shares: progress lines, checkpoint completeness markers, a save per epoch.
+"""Trainer callbacks every task shares: progress lines (with throughput: tokens and the model's numbers, from
+modelstats.py), checkpoint completeness markers, a save per epoch.
 
 Imports transformers at import time: train.py imports this module only after pointing the caches at
 FTJOB_CACHE_DIR.
@@ -13,7 +14,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from finetune_runtime import checkpoints
+from finetune_runtime import checkpoints, modelstats
 from finetune_runtime.progress import ProgressEmitter, clean_metrics, utc_now
 
 # An epoch-end save bounds what a restart loses to one epoch. When the newest checkpoint (or the start of
@@ -47,10 +48,27 @@ class ProgressCallback(TrainerCallback):
         self.step0 = self.step_last = 0
         self.last_eval: tuple[int, dict[str, Any]] | None = None
         self.last_saved = -1
+        # Throughput (rank 0 only: the others print nothing, so they count nothing): the training batches'
+        # tokens, the model's numbers and precision for the operator's FLOPs and MFU, and the first logged step
+        # (time, step), from which the run's mean samples/s counts (the first step's start-up excluded).
+        self.tokens = modelstats.TokenCounter() if emitter.enabled else None
+        self.model_numbers: dict[str, int] | None = None
+        self.precision: str | None = None
+        self.first_log: tuple[float, int] | None = None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         self.t0 = self.t_last = self.saved_at = self.clock()  # a resume starts from a checkpoint: as if just saved
         self.step0 = self.step_last = state.global_step  # after a resume, count from where it resumed
+        self.first_log = None
+        if self.tokens is not None and model is not None:
+            self.model_numbers = modelstats.model_numbers(model)
+            self.precision = modelstats.precision_of(model, bool(args.bf16))
+            self.tokens.detach()
+            self.tokens.attach(model)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.tokens is not None:
+            self.tokens.detach()
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
         # Never lose an epoch of work; skip when this very step was just saved (step schedule, last step), or
@@ -68,11 +86,16 @@ class ProgressCallback(TrainerCallback):
             return
         now = time.monotonic()
         steps = state.global_step - self.step_last
-        samples = steps * args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-        sps = samples / (now - self.t_last) if now > self.t_last and steps > 0 else None
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+        sps = steps * per_step / (now - self.t_last) if now > self.t_last and steps > 0 else None
         done = state.global_step - self.step0
         eta = int((state.max_steps - state.global_step) * (now - self.t0) / done) if done > 0 else None
         self.t_last, self.step_last = now, state.global_step
+        mean = None
+        if self.first_log is None:
+            self.first_log = (now, state.global_step)
+        elif now > self.first_log[0] and state.global_step > self.first_log[1]:
+            mean = (state.global_step - self.first_log[1]) * per_step / (now - self.first_log[0])
         self.emitter.emit(
             "precompile" if self.precompile else "train",
             step=state.global_step,
@@ -81,8 +104,28 @@ class ProgressCallback(TrainerCallback):
             loss=float(logs["loss"]),
             samplesPerSecond=round(sps, 2) if sps else None,
             etaSeconds=eta,
+            **self._throughput(sps),
+            meanSamplesPerSecond=round(mean, 2) if mean else None,
             time=utc_now(),
         )
+
+    def _throughput(self, sps: float | None) -> dict[str, Any]:
+        """Tokens/s over all ranks (samples/s times rank 0's tokens per sample since the last line), the run's
+        mean padded length of a sample, the precision and the model's numbers."""
+        if self.tokens is None:
+            return {}
+        got = self.tokens.take()
+        out: dict[str, Any] = {}
+        if sps and got.sequences:
+            if self.tokens.real_known:
+                out["tokensPerSecond"] = round(sps * got.real / got.sequences, 1)
+            out["paddedTokensPerSecond"] = round(sps * got.padded / got.sequences, 1)
+        total = self.tokens.total
+        if total.sequences:
+            out["paddedTokensPerSample"] = round(total.padded / total.sequences, 2)
+        out["precision"] = self.precision
+        out["model"] = self.model_numbers
+        return out
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kw: Any

@@ -79,7 +79,12 @@ def test_the_parser_finds_foreign_metrics_and_labels() -> None:
 
 def exported_labels() -> dict[str, set[str]]:
     """Sample name -> label names, as /metrics shows them with one training job, one transition and one failure."""
-    metrics.set_job_progress("ns", "j", {"event": "train", "step": 1, "totalSteps": 4, "samplesPerSecond": 2.0})
+    metrics.set_job_progress(
+        "ns",
+        "j",
+        {"event": "train", "step": 1, "totalSteps": 4, "samplesPerSecond": 2.0},
+        {"tokensPerSecond": 100.0, "mfu": 0.2},
+    )
     metrics.TRANSITIONS.labels(phase="Running", reason="Started")
     metrics.JOB_FAILURES.labels(namespace="ns", reason="OOMKilled")
     try:

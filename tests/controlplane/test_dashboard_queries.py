@@ -43,6 +43,24 @@ SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = f"{4 * SCRAPE_INTERVAL_S}s"
 
 
+# What a runtime train line says of throughput: samples/s, tokens, the mean padded length and the model's numbers
+# (the tiny BERT's), so that the tokens/s and MFU gauges have series too.
+TRAINING = {
+    "samplesPerSecond": 35.2,
+    "tokensPerSecond": 1800.0,
+    "paddedTokensPerSecond": 2100.0,
+    "paddedTokensPerSample": 60.0,
+    "precision": "fp32",
+    "model": {
+        "layers": 2,
+        "attentionWidth": 64,
+        "trainableMatmulParams": 69760,
+        "frozenMatmulParams": 0,
+        "trainableParams": 179_714,
+    },
+}
+
+
 def chart_scrape_configs(metrics_port: int) -> list[dict[str, Any]]:
     """The scrape jobs for the chart's ServiceMonitor and metrics Service, rendered by the pinned helm with the
     monitor on, a 1 s interval (the chart's default is 30 s) and the port the operator under test serves."""
@@ -148,7 +166,7 @@ def test_every_dashboard_query_returns_series_while_a_job_trains(
         kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(two_rank_job("train")))
         kubectl("apply", "-n", namespace, "-f", "-", input=job_yaml(two_rank_job("late", activeDeadlineSeconds=3)))
         key = (namespace, "train-rank-0", "trainer")
-        node.logs[key] = format_line("train", step=120, totalSteps=500, loss=0.41, samplesPerSecond=35.2) + "\n"
+        node.logs[key] = format_line("train", step=120, totalSteps=500, loss=0.41, **TRAINING) + "\n"
         _running(kubelet, "train", wait_for, node)
         _running(kubelet, "late", wait_for)
         _wait_phase(kube_api, namespace, "late", "Failed", wait_for)
@@ -160,7 +178,7 @@ def test_every_dashboard_query_returns_series_while_a_job_trains(
 
         # The operator reads rank 0's log every 30 s (pacing.PROGRESS_EVERY_S): one interval plus slack.
         wait_for(lambda: step() == 120, timeout=90, message=f"step 120 scraped (now {step()})")
-        node.logs[key] += format_line("train", step=250, totalSteps=500, loss=0.3, samplesPerSecond=36.0) + "\n"
+        node.logs[key] += format_line("train", step=250, totalSteps=500, loss=0.3, **TRAINING) + "\n"
         wait_for(lambda: step() == 250, timeout=90, message=f"step 250 scraped (now {step()})")
         wait_for(
             lambda: prometheus.query(f'finetune_operator_job_failures_total{{namespace="{namespace}"}}'),
@@ -180,11 +198,15 @@ def test_every_dashboard_query_returns_series_while_a_job_trains(
                 else:
                     assert prometheus.query(expr), f"{name} {q.where}: no series for {expr}"
                 checked += 1
-        assert checked >= 12
+        assert checked >= 14
 
         # A few answers, beyond "some series": the job's own numbers, and the failure by namespace and reason.
         (progress,) = prometheus.query(f"finetune_operator_job_progress_ratio{selector}")
         assert float(progress["value"][1]) == 0.5
+        (tokens,) = prometheus.query(f"finetune_operator_job_tokens_per_second{selector}")
+        assert float(tokens["value"][1]) == 1800.0
+        (mfu,) = prometheus.query(f"finetune_operator_job_mfu_ratio{selector}")
+        assert 0 < float(mfu["value"][1]) < 1
         failures = prometheus.query(f'finetune_operator_job_failures_total{{namespace="{namespace}"}}')
         assert [(f["metric"]["reason"], f["value"][1]) for f in failures] == [("DeadlineExceeded", "1")]
         left = prometheus.query(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from cluster_support import Cluster
 from ftjobs import BAD_SPECS, SAMPLES, BadSpec, bad_job, make_job
 from kubernetes import client
 from operator_support import (
+    NO_KUBELET,
     Kubelet,
     NodeLogs,
     RunningOperator,
@@ -314,7 +316,16 @@ def test_pending_running_succeeded(
     st = _wait_phase(kube_api, namespace, "ok", "Running", wait_for)
     assert st["ranks"] == {"ready": 2, "total": 2} and st["startTime"]
     out = kubectl("get", "ftj", "ok", "-n", namespace).stdout
-    assert out.split("\n")[0].split() == ["NAME", "PROFILE", "NODES", "PHASE", "PROGRESS", "RESTARTS", "AGE"]
+    assert out.split("\n")[0].split() == [
+        "NAME",
+        "PROFILE",
+        "NODES",
+        "PHASE",
+        "PROGRESS",
+        "THROUGHPUT",
+        "RESTARTS",
+        "AGE",
+    ]
     assert "Running" in out.split("\n")[1]
     for p in pods:
         kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
@@ -391,6 +402,98 @@ def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
             kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
         _wait_phase(kube_api, namespace, "pg", "Succeeded", wait_for)
         wait_for(lambda: job_gauges(op, namespace, "pg") == {}, timeout=20, message="no series of a finished job")
+    finally:
+        node.close()
+
+
+BERT_JA = "cl-tohoku/bert-base-japanese-whole-word-masking"  # a model `ftjob estimate` knows (estimate/models.yaml)
+# What the runtime's rank 0 counts on that model (its linear layers: the encoder's, the pooler and a 2-way head).
+BERT_NUMBERS = {
+    "layers": 12,
+    "attentionWidth": 768,
+    "trainableMatmulParams": 84_934_656 + 768 * 768 + 768 * 2,
+    "frozenMatmulParams": 0,
+    "trainableParams": 110_618_882,
+}
+
+
+def _estimate_row(job_file: Path, kubeconfig: Path, *args: str) -> str:
+    """The as-written row of `ftjob estimate` (the CLI, as a user runs it against the cluster)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "finetune_operator.cli", "estimate", "-f", str(job_file), "--as-written", *args],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return next(line for line in out.stdout.splitlines() if line.startswith("cpu "))
+
+
+def test_throughput_from_rank0_log_reaches_status_and_column_and_the_next_estimate(
+    operator: Path,
+    kubectl: Any,
+    kube_api: Any,
+    namespace: str,
+    kubelet: Kubelet,
+    cluster: Cluster,
+    kubeconfig: Path,
+    wait_for: Any,
+    tmp_path: Path,
+) -> None:
+    """Rank 0's train lines (tokens, the mean padded length, precision, the model's numbers) become
+    status.throughput with the FLOPs and MFU the operator derives from the profile's peak, and the THROUGHPUT
+    column; once the job Succeeded, `ftjob estimate --calibration-from-cluster` for the same work goes from
+    "uncalibrated" to "1 run"."""
+    if cluster.pki is None:
+        pytest.skip("needs the LocalCluster's CA to serve a node's logs (an external cluster has real kubelets)")
+    job = (
+        make_job("tp")
+        .nodes(2)
+        .classification(model=BERT_JA)
+        .training(precision="bf16")
+        .set("spec.hardware.nodeSelector", NO_KUBELET)
+        .build()
+    )
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(job_yaml(job))
+    cluster_args = ("--calibration-from-cluster", "--calibration-namespace", namespace)
+    assert "uncalibrated" in _estimate_row(job_file, kubeconfig, *cluster_args)  # no run of it yet
+    node = NodeLogs(kube_api, cluster.pki, f"tp-{namespace}"[:63])
+    try:
+        apply(kubectl, namespace, job)
+        pods = _pods_up(kubelet, "tp", 2, wait_for)
+        node.bind(namespace, "tp-rank-0")
+        line = {"totalSteps": 60, "loss": 0.5, "precision": "bf16", "model": BERT_NUMBERS}
+        node.logs[(namespace, "tp-rank-0", "trainer")] = "".join(
+            format_line("train", **line, **fields) + "\n"
+            for fields in (
+                {"step": 1},
+                {"step": 30, "samplesPerSecond": 0.8, "tokensPerSecond": 40.1, "paddedTokensPerSecond": 49.2}
+                | {"paddedTokensPerSample": 61.5},
+                {"step": 60, "samplesPerSecond": 0.9, "tokensPerSecond": 45.0, "paddedTokensPerSecond": 55.4}
+                | {"paddedTokensPerSample": 61.6, "meanSamplesPerSecond": 0.85},
+            )
+        )
+        for p in pods:
+            kubelet.set_status(p, "Running")
+        _wait_phase(kube_api, namespace, "tp", "Running", wait_for)
+        # Rank 0's container exits 0: the pass that sees it reads its log at once.
+        for p in pods:
+            kubelet.set_status(p, "Succeeded", exit_code=0, reason="Completed")
+        st = _wait_phase(kube_api, namespace, "tp", "Succeeded", wait_for)
+        t = st["throughput"]
+        assert (t["samplesPerSecond"], t["meanSamplesPerSecond"], t["tokensPerSecond"]) == (0.9, 0.85, 45.0)
+        assert t["paddedTokensPerSecond"] == 55.4 and t["model"] == BERT_NUMBERS and t["precision"] == "bf16"
+        s = 61.6
+        flops = s * (6 * BERT_NUMBERS["trainableMatmulParams"] + 12 * 12 * 768 * s)
+        assert t["flopsPerSample"] == pytest.approx(flops, rel=1e-5)
+        assert t["mfu"] == pytest.approx(0.9 * flops / t["peakFlopsPerSecond"], rel=1e-3)
+        assert t["summary"] == f"0.9 samples/s, MFU {100 * t['mfu']:.2g}%"
+        columns = kubectl("get", "ftj", "tp", "-n", namespace).stdout.splitlines()
+        assert "THROUGHPUT" in columns[0] and t["summary"] in columns[1]
+        row = _estimate_row(job_file, kubeconfig, *cluster_args)
+        assert " 1 run" in row and "uncalibrated" not in row, row
     finally:
         node.close()
 

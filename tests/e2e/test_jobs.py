@@ -64,6 +64,15 @@ def _run_to_end(
     return job
 
 
+def _check_throughput(job: dict[str, Any]) -> None:
+    """status.throughput of a runtime job that ran: rates, the model's numbers as counted in the pod, FLOPs, MFU."""
+    t = job["status"].get("throughput") or {}
+    assert t.get("samplesPerSecond", 0) > 0 and 0 < t.get("tokensPerSecond", 0) <= t.get("paddedTokensPerSecond", 0), t
+    assert t.get("flopsPerSample", 0) > 0 and t["model"]["layers"] == 2 and t["precision"] == "fp32", t
+    assert t["mfu"] == pytest.approx(t["samplesPerSecond"] * t["flopsPerSample"] / t["peakFlopsPerSecond"], rel=1e-3)
+    assert t["summary"].endswith("%") and " samples/s, MFU " in t["summary"], t
+
+
 def test_operator_runs_in_cluster_with_service_account(kubectl: Kubectl, operator: str) -> None:
     pod = json.loads(kubectl("-n", operator, "get", "pods", "-o", "json").stdout)["items"][0]
     spec = pod["spec"]
@@ -98,6 +107,10 @@ def test_torchrun_ja_sentiment_two_pods(
     assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
     # `kubectl get ftj` showed progress that came from rank 0's real container log (a step count).
     assert any("/" in line.split()[4] for line in progress if len(line.split()) > 5), progress
+    # ... and its THROUGHPUT column samples/s and MFU: the runtime's tokens and model numbers, the cpu profile's
+    # peak, the FLOPs by the estimate's formula.
+    assert any(" samples/s, MFU " in line for line in progress), progress
+    _check_throughput(job)
     # Two rank pods ran and rendezvoused through the headless Service's DNS name.
     pods = json.loads(kubectl("-n", ns, "get", "pods", "-o", "json").stdout)["items"]
     ranks = [p for p in pods if p["metadata"]["name"].startswith("ja-sentiment-rank-")]
@@ -136,6 +149,10 @@ def test_mpi_mpich_squad_launcher_and_two_workers(
 
     job = _run_to_end(kubectl, ns, "squad-mpi", watch)
     assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{_diagnose(kubectl, ns)}"
+    # rank 0's lines reach the launcher's log through mpirun; the final pass reads them
+    columns = kubectl("-n", ns, "get", "ftj", "squad-mpi").stdout.splitlines()
+    assert "THROUGHPUT" in columns[0] and " samples/s, MFU " in columns[1], columns
+    _check_throughput(job)
     assert {"squad-mpi-launcher", *workers} <= running, running
     # One sshd worker per node: mpirun's proxies and the ranks' collectives crossed between the nodes.
     assert sorted(placed.values()) == sorted(node_cluster.nodes), placed

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import gc
+import json
 import math
 import time
 from collections.abc import Callable
@@ -442,16 +443,27 @@ def test_the_daemon_reads_children_only_from_registered_indexes() -> None:
 
 # -- Prometheus gauges: set from the progress the loop reads (the real parser on rank 0's log text), read back
 # -- from the real registry that /metrics serves.
+GAUGES = ("step", "total_steps", "progress_ratio", "samples_per_second", "tokens_per_second", "mfu_ratio")
+
+
 def gauges() -> dict[str, float | None]:
     labels = {"namespace": NS, "job_name": NAME}
-    return {
-        g: REGISTRY.get_sample_value(f"finetune_operator_job_{g}", labels)
-        for g in ("step", "total_steps", "progress_ratio", "samples_per_second")
-    }
+    return {g: REGISTRY.get_sample_value(f"finetune_operator_job_{g}", labels) for g in GAUGES}
 
 
-NONE = dict.fromkeys(("step", "total_steps", "progress_ratio", "samples_per_second"))
-TRAIN_LINE = 'FTJOB_PROGRESS {"event":"train","step":%d,"totalSteps":40,"loss":0.5,"samplesPerSecond":%s}\n'
+NONE = dict.fromkeys(GAUGES)
+# A runtime train line: samples/s, non-padding tokens/s, the mean padded length and the model's numbers.
+MODEL = {"layers": 2, "attentionWidth": 64, "trainableMatmulParams": 69760, "frozenMatmulParams": 0}
+TRAIN_LINE = (
+    'FTJOB_PROGRESS {"event":"train","step":%d,"totalSteps":40,"loss":0.5,"samplesPerSecond":%s,'
+    '"tokensPerSecond":%s,"paddedTokensPerSample":64,"model":' + json.dumps(MODEL) + "}\n"
+)
+
+
+def expected_mfu(sps: float, status: dict[str, Any]) -> float:
+    """samples/s × S·(6·N + 12·L·H·S) over the peak of the job's devices, as the status states that peak."""
+    flops = 64 * (6 * MODEL["trainableMatmulParams"] + 12 * MODEL["layers"] * MODEL["attentionWidth"] * 64)
+    return sps * flops / float(status["throughput"]["peakFlopsPerSecond"])
 
 
 def training_world() -> World:
@@ -460,7 +472,7 @@ def training_world() -> World:
     w = World()
     w.step()
     w.running()
-    w.api.log = "ftjob-runtime launch: torchrun ...\n" + TRAIN_LINE % (10, "32.0")
+    w.api.log = "ftjob-runtime launch: torchrun ...\n" + TRAIN_LINE % (10, "32.0", "1800.5")
     w.loop.wake()
     w.step()  # Pending -> Running: followed from now on
     assert w.api.job["status"]["phase"] == "Running" and gauges() == NONE
@@ -471,11 +483,25 @@ def training_world() -> World:
 
 def test_progress_and_throughput_gauges_follow_a_training_job_and_clear_when_it_ends() -> None:
     w = training_world()
-    assert gauges() == {"step": 10, "total_steps": 40, "progress_ratio": 0.25, "samples_per_second": 32.0}
-    w.api.log += TRAIN_LINE % (30, "40.5")
+    got = gauges()
+    assert got == {
+        "step": 10,
+        "total_steps": 40,
+        "progress_ratio": 0.25,
+        "samples_per_second": 32.0,
+        "tokens_per_second": 1800.5,
+        "mfu_ratio": got["mfu_ratio"],
+    }
+    status = w.api.job["status"]
+    assert got["mfu_ratio"] == pytest.approx(expected_mfu(32.0, status), rel=1e-3)
+    assert status["throughput"]["summary"].startswith("32 samples/s, MFU ")
+    w.api.log += TRAIN_LINE % (30, "40.5", "2000")
     w.clock.advance(PROGRESS_EVERY_S)
     w.step()  # a progress refresh between passes
-    assert gauges() == {"step": 30, "total_steps": 40, "progress_ratio": 0.75, "samples_per_second": 40.5}
+    got = gauges()
+    assert got["step"] == 30 and got["progress_ratio"] == 0.75 and got["samples_per_second"] == 40.5
+    assert got["tokens_per_second"] == 2000 and w.api.job["status"]["throughput"]["tokensPerSecond"] == 2000
+    assert got["mfu_ratio"] == pytest.approx(expected_mfu(40.5, w.api.job["status"]), rel=1e-3)
     for pod in w.pods:
         pod["status"]["phase"] = "Succeeded"
     w.loop.wake()
@@ -505,8 +531,26 @@ def test_a_precompile_trial_run_is_not_training_progress() -> None:
     assert gauges() == NONE
 
 
+def test_a_figure_the_status_lacks_has_no_series() -> None:
+    """A spec.command job's script may print samples/s alone: no tokens/s or MFU series is made up for it, and one
+    that was there goes when a newer status lacks it."""
+    metrics.set_job_progress(
+        NS, NAME, {"event": "train", "step": 1, "samplesPerSecond": 2.0}, {"tokensPerSecond": 9.0, "mfu": 0.3}
+    )
+    assert gauges()["tokens_per_second"] == 9.0 and gauges()["mfu_ratio"] == 0.3
+    metrics.set_job_progress(NS, NAME, {"event": "train", "step": 2, "samplesPerSecond": 2.0}, {"samplesPerSecond": 2})
+    assert gauges()["samples_per_second"] == 2.0
+    assert gauges()["tokens_per_second"] is None and gauges()["mfu_ratio"] is None
+    metrics.clear_job(NS, NAME)
+
+
 def test_exported_names_are_what_metrics_serves() -> None:
-    metrics.set_job_progress(NS, NAME, {"event": "train", "step": 1, "totalSteps": 2, "samplesPerSecond": 1.0})
+    metrics.set_job_progress(
+        NS,
+        NAME,
+        {"event": "train", "step": 1, "totalSteps": 2, "samplesPerSecond": 1.0},
+        {"tokensPerSecond": 60.0, "mfu": 0.1},
+    )
     metrics.TRANSITIONS.labels(phase="Running", reason="Started")
     metrics.JOB_FAILURES.labels(namespace=NS, reason="OOMKilled")
     served = {s.name for fam in REGISTRY.collect() for s in fam.samples if s.name.startswith("finetune_operator_")}

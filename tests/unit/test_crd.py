@@ -35,6 +35,7 @@ def test_identity_columns_and_status_subresource() -> None:
         "Nodes",
         "Phase",
         "Progress",
+        "Throughput",
         "Restarts",
         "Age",
     ]

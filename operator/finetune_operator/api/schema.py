@@ -690,7 +690,40 @@ STATUS = _o(
         ),
         "progress": _free(
             "Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
-            "etaSeconds, metrics, summaryMetric (the task's headline metric), summary."
+            "etaSeconds, metrics, summaryMetric (the task's headline metric), summary, and what throughput is "
+            "derived from (tokens, precision, the model's numbers)."
+        ),
+        "throughput": _o(
+            "Training speed as rank 0 measured it, with the model FLOPs and MFU the operator derives from it "
+            "(docs/operator.md, 'Throughput and MFU'). A field is absent where nothing gives it: a spec.command "
+            "job shows what its own progress lines print.",
+            {
+                "samplesPerSecond": _n("Samples/s over all ranks between rank 0's last two progress lines."),
+                "meanSamplesPerSecond": _n("Samples/s over all ranks since the first logged step."),
+                "tokensPerSecond": _n("Non-padding tokens/s (attention-mask tokens) over all ranks."),
+                "paddedTokensPerSecond": _n("Tokens/s as computed on, padding included, over all ranks."),
+                "paddedTokensPerSample": _n("Mean padded length of a training sample (what FLOPs count)."),
+                "flopsPerSample": _n(
+                    "Model FLOPs of one training sample, forward and backward: S·(6·N + 12·L·H·S), LoRA's frozen "
+                    "weights at 4 per token (estimate/flops.py), from the model as the runtime loaded it."
+                ),
+                "model": _o(
+                    "The model's numbers as rank 0 counted them on the loaded model.",
+                    {
+                        "layers": _i("Transformer layers (L)."),
+                        "attentionWidth": _i("Query heads × head dim (H)."),
+                        "trainableMatmulParams": _i("Weights of the linear layers that train."),
+                        "frozenMatmulParams": _i("Weights of frozen linear layers (LoRA's base)."),
+                        "trainableParams": _i("Every trained weight (what data parallelism all-reduces)."),
+                    },
+                ),
+                "precision": _s("The precision the peak is taken at.", enum=list(PRECISIONS)),
+                "device": _s("The device kind of the job's hardware (its profile's throughput data)."),
+                "devices": _n("Devices the job computes on: ranks × devices per rank (cores or vCPUs on CPUs)."),
+                "peakFlopsPerSecond": _n("Dense peak FLOP/s of those devices at the precision (profile data)."),
+                "mfu": _n("Model FLOPs utilisation: samplesPerSecond × flopsPerSample / peakFlopsPerSecond (0-1)."),
+                "summary": _s("Short text for the THROUGHPUT column, e.g. '149 samples/s, MFU 31%'."),
+            },
         ),
         "compileCache": _o(
             "What the precompile trial (compileCache.precompile) of the latest attempt found in the compile cache, "

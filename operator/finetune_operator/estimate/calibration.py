@@ -29,8 +29,8 @@ import yaml
 
 from .. import profiles
 from ..api.schema import PRECISIONS
-from .flops import Lora
-from .workload import Workload, _data, devices_per_rank_default, model_shape
+from .flops import Counts, Lora, ModelShape
+from .workload import Counted, Workload, _data, devices_per_rank_default, model_shape
 
 # A step floor is claimed only where it explains the runs better than a purely compute-bound line by at least this
 # much squared log error (one run off by about 10%): with one batch size per key (most records), or two runs of
@@ -130,7 +130,14 @@ def parse_record(raw: Any, where: str, origin: str = "shipped") -> Record:
         raise ValueError(f"{where}: precision must be one of {PRECISIONS}")
     model = _field(raw, "model", where, str)
     inline = _field(raw, "modelConfig", where, dict, required=False)
-    shape, _ = model_shape(model, inline)
+    numbers = _field(raw, "modelNumbers", where, dict, required=False)
+    counted = None
+    try:
+        shape: ModelShape | None = model_shape(model, inline)[0]
+    except ValueError:
+        if numbers is None:
+            raise
+        shape, counted = None, _counted(numbers, where)
     lora_raw = _field(raw, "lora", where, dict, required=False)
     lora = None
     if lora_raw:
@@ -154,6 +161,7 @@ def parse_record(raw: Any, where: str, origin: str = "shipped") -> Record:
         batch_per_device=_field(raw, "batchSizePerDevice", where, int),
         grad_accum=_field(raw, "gradientAccumulationSteps", where, int, required=False) or 1,
         dataset=_field(raw, "dataset", where, str, required=False),
+        counted=counted,
     )
     sps = _field(raw, "samplesPerSecond", where, (int, float), required=False)
     per_epoch = _field(raw, "samplesPerEpoch", where, int, required=False)
@@ -180,6 +188,16 @@ def parse_record(raw: Any, where: str, origin: str = "shipped") -> Record:
         acceptance=bool(raw.get("acceptance", False)),
         origin=origin,
     )
+
+
+def _counted(numbers: dict[str, Any], where: str) -> Counted:
+    """modelNumbers (a FineTuneJob's status.throughput.model: the model as its run counted it) -> Counted."""
+    keys = ("layers", "attentionWidth", "trainableMatmulParams", "frozenMatmulParams", "trainableParams")
+    values = [numbers.get(k) for k in keys]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ValueError(f"{where}: modelNumbers needs whole numbers {', '.join(keys)}")
+    layers, width, trained_matmul, frozen, trained = (int(v) for v in values)  # type: ignore[arg-type]
+    return Counted(Counts(layers, width, trained_matmul, frozen), trained)
 
 
 def parse_records(doc: Any, where: str, origin: str) -> list[Record]:

@@ -12,6 +12,12 @@ LoRA (frozen base weights, trained adapters): backward still computes every acti
 frozen weights (2 FLOPs per weight per token: the layers below need it), but no weight gradient for them. So the
 base costs 4·N per token instead of 6·N; the adapters train fully, 6·N_lora, where an adapter of rank r on a
 linear layer of in × out has r·(in + out) weights. Attention is unchanged (its backward has no weights to skip).
+
+One formula, two sources of its numbers (`Counts`): `ftjob estimate` derives them from a config.json
+(`ModelShape.counts`); a running job's rank 0 reports them as it counted them on the model it loaded (the runtime's
+progress lines, docs/architecture.md), and the operator computes status.throughput's FLOPs with the same
+`flops_per_token` (throughput.py). The runtime counts every `nn.Linear` weight, so its N also holds the heads this
+model leaves out (BERT's pooler and classifier: under 1% for BERT-base, about 6% for the tiny test model).
 """
 
 from __future__ import annotations
@@ -180,20 +186,37 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
+class Counts:
+    """What the FLOPs formula needs of a model: its matmul weights, trained and frozen, and its attention shape."""
+
+    layers: int  # L
+    attention_width: int  # H: query heads × head dim
+    trainable_matmul: int  # matmul weights whose gradient is computed (6 FLOPs per weight per token)
+    frozen_matmul: int  # frozen matmul weights (4: forward, and the input gradient the layers below need)
+
+
+def flops_per_token(c: Counts, tokens: float) -> float:
+    """Model FLOPs per token of a sample of `tokens` tokens, forward and backward (the module docstring)."""
+    return 6.0 * c.trainable_matmul + 4.0 * c.frozen_matmul + 12.0 * c.layers * c.attention_width * tokens
+
+
+@dataclass(frozen=True)
 class Lora:
     r: int
     targets: tuple[str, ...] | None  # None: peft's default for the model type
 
 
+def counts(shape: ModelShape, lora: Lora | None = None) -> Counts:
+    """The formula's numbers from a config: every matmul weight trained, or (LoRA) frozen beside the adapters."""
+    n = shape.matmul_params
+    if lora is None:
+        return Counts(shape.layers, shape.attention_width, n, 0)
+    return Counts(shape.layers, shape.attention_width, shape.lora_params(lora.r, lora.targets), n)
+
+
 def flops_per_sample(shape: ModelShape, tokens: float, lora: Lora | None = None) -> float:
     """Model FLOPs of one training sample of `tokens` tokens (forward + backward)."""
-    attention = 12.0 * shape.layers * shape.attention_width * tokens
-    n = float(shape.matmul_params)
-    if lora is None:
-        per_token = 6.0 * n + attention
-    else:
-        per_token = 4.0 * n + 6.0 * shape.lora_params(lora.r, lora.targets) + attention
-    return per_token * tokens
+    return flops_per_token(counts(shape, lora), tokens) * tokens
 
 
 def trained_params(shape: ModelShape, lora: Lora | None = None) -> int:

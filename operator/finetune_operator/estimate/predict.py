@@ -17,11 +17,10 @@ import yaml
 from .. import profiles
 from ..admission import validate
 from ..api.validation import InvalidSpec
-from ..builders.env import thread_env
 from ..builders.layout import resolve
 from .calibration import Calibration, Prediction, predict
 from .flops import Lora
-from .workload import Workload, _data, model_shape
+from .workload import Workload, _data, model_shape, rank_share
 
 STATIC_PADDING_TASKS = ("question-answering",)  # squad.py pads every window to maxLength
 
@@ -149,15 +148,9 @@ def workload_of(
     layout = resolve(job)
     p = layout.profile
     inst = layout.instance
-    tp = p.throughput
-    kind = tp.device_for(inst.name if inst else None) if tp else None
+    kind, per_rank = rank_share(layout)
     if kind is None:
         raise ValueError(f"profile {p.name} has no throughput data for {inst.name if inst else 'its default device'}")
-    if p.procs_per in ("core", "device"):
-        per_rank = 1.0
-    else:
-        threads = thread_env(layout).get("OMP_NUM_THREADS")
-        per_rank = float(threads) if threads else max(1.0, (layout.cpu_per_pod or 1.0) / layout.procs_per_node)
     shape, shape_from = model_shape(str(task["model"]), model_config, cwd)
     lora_raw = task.get("lora")
     lora = Lora(int(lora_raw.get("r", 8)), tuple(lora_raw.get("targetModules") or ()) or None) if lora_raw else None

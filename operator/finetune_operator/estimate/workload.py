@@ -16,8 +16,19 @@ from typing import Any
 import yaml
 
 from .. import profiles
+from ..builders.env import thread_env
+from ..builders.layout import Layout
 from ..profiles import DeviceKind
-from .flops import Lora, ModelShape, flops_per_sample, trained_params
+from .flops import Counts, Lora, ModelShape, flops_per_sample, flops_per_token, trained_params
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A model's numbers as a run counted them on the loaded model (the runtime's progress lines, kept in a
+    FineTuneJob's status.throughput.model): what a record uses where no config.json of its model is at hand."""
+
+    counts: Counts
+    trained_params: int
 
 
 @dataclass(frozen=True)
@@ -31,12 +42,13 @@ class Workload:
     precision: str
     compile: bool
     model: str
-    shape: ModelShape
+    shape: ModelShape | None  # from the model's config; None only with `counted`
     lora: Lora | None
     tokens_per_sample: float
     batch_per_device: int
     grad_accum: int = 1
     dataset: str | None = None
+    counted: Counted | None = None
 
     @property
     def world(self) -> int:
@@ -44,11 +56,17 @@ class Workload:
 
     @property
     def flops_per_sample(self) -> float:
-        return flops_per_sample(self.shape, self.tokens_per_sample, self.lora)
+        if self.shape is not None:
+            return flops_per_sample(self.shape, self.tokens_per_sample, self.lora)
+        assert self.counted is not None
+        return flops_per_token(self.counted.counts, self.tokens_per_sample) * self.tokens_per_sample
 
     @property
     def trained_params(self) -> int:
-        return trained_params(self.shape, self.lora)
+        if self.shape is not None:
+            return trained_params(self.shape, self.lora)
+        assert self.counted is not None
+        return self.counted.trained_params
 
     @property
     def device_kind(self) -> DeviceKind:
@@ -101,3 +119,17 @@ def devices_per_rank_default(profile: str) -> float | None:
     """1 where a rank drives one NeuronCore or GPU; None where it depends on the pod's CPUs (cpu, xeon-amx)."""
     p = profiles.get(profile)
     return 1.0 if p.procs_per in ("core", "device") else None
+
+
+def rank_share(layout: Layout) -> tuple[DeviceKind | None, float]:
+    """The device kind of the job's hardware (None where its profile has no throughput data for it) and how many
+    of those devices one rank computes on: 1 NeuronCore or GPU; on CPUs, the threads the pod's env gives a rank
+    (OMP_NUM_THREADS: cores on xeon-amx, vCPUs on cpu), else its share of the pod's CPUs. Read by `ftjob estimate`
+    and by the operator's MFU (throughput.py), so that both count a job's devices alike."""
+    p = layout.profile
+    tp = p.throughput
+    kind = tp.device_for(layout.instance.name if layout.instance else None) if tp else None
+    if p.procs_per in ("core", "device"):
+        return kind, 1.0
+    threads = thread_env(layout).get("OMP_NUM_THREADS")
+    return kind, float(threads) if threads else max(1.0, (layout.cpu_per_pod or 1.0) / layout.procs_per_node)
