@@ -50,7 +50,7 @@ from .metrics import (
     set_job_progress,
 )
 from .pacing import IDLE_REQUEUE_S, Pacing, Pause
-from .reconcile import Observed, Plan, Relabel, reconcile, wind_down
+from .reconcile import Observed, Plan, Relabel, reconcile, slim_workload, wind_down
 from .refusal import Refused, failed_status
 from .sshkeys import generate_keys
 
@@ -80,6 +80,18 @@ CREATE_CONCURRENCY = 8
 _creates = ThreadPoolExecutor(CREATE_CONCURRENCY, thread_name_prefix="create")
 
 
+# Without a Workload watch (JobLoop.poll_workloads), a Queued job's next pass comes this soon: Kueue's admission
+# wakes nothing then.
+QUEUED_POLL_S = 3.0
+
+
+def _queued_ever(job: Mapping[str, Any]) -> bool:
+    """Whether the job names a queue, or named one (its Queued condition stays): then it has or had a Workload."""
+    if ((job.get("spec") or {}).get("runPolicy") or {}).get("queueName"):
+        return True
+    return any(cond.get("type") == "Queued" for cond in (job.get("status") or {}).get("conditions") or [])
+
+
 class _KeysFailed(Exception):
     """Making an MPI job's SSH keys failed: not the spec's content (see JobLoop._plan)."""
 
@@ -106,6 +118,7 @@ class Api(Protocol):
     def delete_job(self, ns: str, name: str, uid: str) -> None: ...
     def relabel(self, ns: str, change: Relabel) -> None: ...
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None: ...
+    def get_workload(self, ns: str, name: str) -> dict[str, Any] | None: ...
     def get_resource_flavor(self, name: str) -> dict[str, Any] | None: ...
     def patch_workload_status(self, ns: str, name: str, patch: dict[str, Any]) -> None: ...
     def delete_workload(self, ns: str, name: str, uid: str) -> None: ...
@@ -255,9 +268,13 @@ class JobLoop:
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = utcnow,
         body: Mapping[str, Any] | None = None,
+        poll_workloads: bool = False,
     ) -> None:
         self.namespace, self.name = namespace, name
         self.api, self.config = api, config
+        # No Workload watch (Kueue installed after the operator started, handlers.run_operator): a job that is or
+        # was queued reads its Workload every pass, and a Queued one passes every QUEUED_POLL_S.
+        self.poll_workloads = poll_workloads
         self.now = now
         self.cache = JobCache(body, clock)
         self.expected = Expectations(clock)
@@ -391,6 +408,8 @@ class JobLoop:
         # The Workload named like the job (Names.workload), from the Workload index: queued or not (a job whose
         # queueName was removed deletes its own). No request: its watch events wake the loop.
         wl = next((w for w in children.workloads if w["metadata"]["name"] == name), None)
+        if self.poll_workloads and _queued_ever(raw):
+            wl = slim_workload(got) if (got := self.api.get_workload(ns, name)) is not None else None
         bare = Observed(pods, children.objects, now, workload=wl, mislabelled=children.mislabelled)
         try:
             job = validate(raw)
@@ -418,6 +437,8 @@ class JobLoop:
         except Exception as e:
             # reconcile and the builders are pure: what raised is the spec's content, and would raise again.
             return self._wind_down(raw, bare, self._pure_error(e))
+        if self.poll_workloads and plan.status.get("phase") == "Queued":
+            plan.requeue_after = min(plan.requeue_after or QUEUED_POLL_S, QUEUED_POLL_S)
         return 0.0, _Planned(raw, job, old_status, plan, now)
 
     def _pure_error(self, err: Exception) -> str:

@@ -14,11 +14,13 @@ from typing import Any, cast
 import kopf
 
 from . import constants as c
-from .controller import Children, JobLoop, Loops, network_policies
+from .controller import QUEUED_POLL_S, Children, JobLoop, Loops, network_policies
 from .k8s import Kube, load_client_config, shared_client
 from .leader import Elector, Settings
 from .metrics import LEADER, start_metrics_server
 from .reconcile import controller_uid, slim_child, slim_workload
+
+log = logging.getLogger("finetune_operator")
 
 # Every object the operator makes carries this label; its watches ask the API server for these only.
 _OURS = {c.LABEL_MANAGED_BY: c.MANAGED_BY}
@@ -155,19 +157,27 @@ kopf.on.event("pods", id="wake_pods", labels=_OURS)(_on_child("Pod", wake_on=("*
 
 # Kueue Workloads (spec.runPolicy.queueName), indexed like the pods: (namespace, job) -> reconcile.slim_workload,
 # and every event on one wakes its job, so an admission or an eviction is acted on at once and a queued job costs
-# no request while nothing changes. Registered whether or not Kueue is installed: kopf resolves the resource
-# through the API's discovery at start and again whenever a CustomResourceDefinition changes (its RBAC can list
-# and watch them), so in a cluster without Kueue nothing is watched (kopf logs that workloads.kueue.x-k8s.io
-# cannot be served yet) and the watch starts once Kueue's CRDs are installed.
-@kopf.index(c.KUEUE_GROUP, c.KUEUE_VERSION, c.KUEUE_WORKLOADS, id="job_workloads", labels=_OURS)
+# no request while nothing changes. Registered by run_operator() only when the API serves Workloads as the operator
+# starts. Not unconditionally: kopf resolves a resource through discovery at start and again on a CRD's events,
+# and when Kueue is installed later its last CRD event can come before discovery lists Workloads, after which
+# kopf never watches them (seen here: tests/controlplane/test_kueue.py). Without the watch each queued job reads
+# its Workload (JobLoop, poll_workloads); restarting the operator after installing Kueue turns the watch on.
 async def job_workloads(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, **_: Any) -> Any:
     slim = slim_workload(body)
     return dict.fromkeys(_job_keys(body, labels, namespace), slim)
 
 
-kopf.on.event(c.KUEUE_GROUP, c.KUEUE_VERSION, c.KUEUE_WORKLOADS, id="wake_workloads", labels=_OURS)(
-    _on_child("Workload", wake_on=("*",))
-)
+def workloads_served() -> bool:
+    """Whether the API serves Kueue's Workloads as the operator starts (a discovery GET, before kopf logs in)."""
+    load_client_config()
+    return Kube(shared_client()).workloads_served()
+
+
+def watch_workloads() -> None:
+    kopf.index(c.KUEUE_GROUP, c.KUEUE_VERSION, c.KUEUE_WORKLOADS, id="job_workloads", labels=_OURS)(job_workloads)
+    kopf.on.event(c.KUEUE_GROUP, c.KUEUE_VERSION, c.KUEUE_WORKLOADS, id="wake_workloads", labels=_OURS)(
+        _on_child("Workload", wake_on=("*",))
+    )
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
@@ -196,9 +206,15 @@ def drop_managed_fields(body: kopf.Body) -> None:
 # Secret indexes are registered above, at import, and the NetworkPolicy index in run_operator() before
 # kopf.run() whenever the daemon reads it. So the daemon reads them with `kwargs[id]`: a missing index would
 # be a KeyError at once, not a silent fallback (tests/unit/test_controller.py checks the registrations).
-def _index_ids(config: Mapping[str, Any]) -> list[str]:
-    """The ids of the indexes the job daemon reads: pods first, Workloads second, then the other children's."""
-    plurals = ["pods", c.KUEUE_WORKLOADS, *_CHILD_INDEXES, *([_POLICY_INDEX[0]] if network_policies(config) else [])]
+def _index_ids(config: Mapping[str, Any], workloads: bool = True) -> list[str]:
+    """The ids of the indexes the job daemon reads: pods first, Workloads second (when watched), then the other
+    children's."""
+    plurals = [
+        "pods",
+        *([c.KUEUE_WORKLOADS] if workloads else []),
+        *_CHILD_INDEXES,
+        *([_POLICY_INDEX[0]] if network_policies(config) else []),
+    ]
     return [f"job_{plural}" for plural in plurals]
 
 
@@ -207,7 +223,9 @@ async def job_daemon(
 ) -> None:
     key = (namespace or "default", name)
     config: Mapping[str, Any] = memo.config
-    pods, workloads, *others = (kwargs[i] for i in _index_ids(config))
+    polled = bool(memo.get("poll_workloads"))
+    pods, *others = (kwargs[i] for i in _index_ids(config, workloads=not polled))
+    workloads: Mapping[Any, Any] = {} if polled else others.pop(0)
 
     def children() -> Children:
         objects: dict[str, str | None] = {}
@@ -223,7 +241,7 @@ async def job_daemon(
     # The first pass works from kopf's body of the job (as fresh as a read: it came with the watch that started
     # this daemon) and reads it only when a watch event or a timer says so (jobcache.JobCache).
     api = loops.kube(lambda: Kube(shared_client(), guard=memo.get("guard")))
-    with loops.running(JobLoop(*key, api, config, body=body)) as loop:
+    with loops.running(JobLoop(*key, api, config, body=body, poll_workloads=polled)) as loop:
         await loop.run(lambda: bool(stopped), children)  # returns once the job is gone (JobLoop.gone)
 
 
@@ -318,11 +336,24 @@ def run_operator(
         elector = Elector(Kube(shared_client()), election)
         elector.acquire(health_port)  # a standby waits here: no watch, no write but its Lease attempts
     LEADER.set(1)
+    poll_workloads = not workloads_served()
+    if poll_workloads:
+        log.warning(
+            "Kueue's Workloads (%s/%s) are not served: queued jobs read their Workload every %.0f s; restart the "
+            "operator after installing Kueue to watch them instead",
+            c.KUEUE_GROUP,
+            c.KUEUE_VERSION,
+            QUEUED_POLL_S,
+        )
+    else:
+        watch_workloads()
     freeze_startup_objects()
     try:
         kopf.run(
             # kopf's `standalone`: no kopf peering objects; with --leader-elect, the Lease decides who runs.
-            memo=kopf.Memo(config=config, loops=Loops(), guard=elector.guard if elector else None),
+            memo=kopf.Memo(
+                config=config, loops=Loops(), guard=elector.guard if elector else None, poll_workloads=poll_workloads
+            ),
             standalone=True,
             namespaces=namespaces,
             clusterwide=not namespaces,

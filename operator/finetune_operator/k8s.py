@@ -11,6 +11,8 @@
 | patch status       | job deleted meanwhile: ignored   | -                                                       |
 | read pod log       | pod gone / not started: None     | -                                                       |
 | get ResourceFlavor | absent: None (the job waits)     | -                                                       |
+| get Workload (3)   | none yet: None (the job makes it) | -                                                      |
+| Kueue's discovery  | group not served: no Workloads   | -                                                       |
 | patch Workload status | gone: ignored                 | Kueue wrote it meanwhile: ignored (2)                   |
 | post event         | errors are logged, never raised  | a repeat: count + 1 on the existing Event (aggregation) |
 | list jobs (CLI)    | namespace none: empty list       | -                                                       |
@@ -20,10 +22,12 @@
 
 (1) and its identity labels put back if someone edited them (`relabel`): that is why the watches lost it.
 (2) the watch event of Kueue's write brings the next pass, which sees the Workload as it is now.
+(3) only where Workloads are not watched: Kueue's CRDs were installed after the operator started (handlers.py).
 
 Every delete and every label repair names the uid of the object it means (a delete's `preconditions.uid`, a JSON
-patch's `test` of `/metadata/uid`): a name alone could by then be another object's. Workloads are not polled:
-the operator watches them (handlers.py); one is read here only after a 409 on its create.
+patch's `test` of `/metadata/uid`): a name alone could by then be another object's. Workloads are watched
+(handlers.py) wherever Kueue was installed when the operator started; only without that watch is a queued job's
+Workload read here, every pass.
 
 With leader election (leader.py), every write but the Lease's own goes through `guard` first: a process that no
 longer surely holds the lease sends nothing (the guard exits it). Reads are never guarded.
@@ -292,6 +296,26 @@ class Kube:
     # -- Kueue ------------------------------------------------------------------------------------------------
     def delete_workload(self, ns: str, name: str, uid: str) -> None:
         self._delete("Workload", ns, name, uid)
+
+    def workloads_served(self) -> bool:
+        """Whether the API serves Kueue's Workloads now (its discovery document lists them): the operator watches
+        them only then (handlers.run_operator)."""
+        try:
+            doc = self._json("GET", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}")
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return any(r.get("name") == KUEUE_WORKLOADS for r in doc.get("resources") or [])
+
+    def get_workload(self, ns: str, name: str) -> dict[str, Any] | None:
+        """A queued job's Workload, read when the operator does not watch them (Kueue installed after it started)."""
+        try:
+            return self._json("GET", _path("Workload", ns, name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
 
     def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
         try:

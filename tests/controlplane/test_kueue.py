@@ -719,11 +719,14 @@ def test_a_queue_name_changed_while_waiting_moves_the_job_to_the_new_queue(
             kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
 
 
-def test_the_workload_watch_starts_when_kueues_crds_come_after_the_operator(tmp_path: Path, wait_for: Any) -> None:
-    """A control plane of its own, without Kueue when the operator starts (it runs there, not watching
-    Workloads). Kueue's CRDs installed later: kopf finds the resource through discovery and starts the watch, so
-    an admission (written here as Kueue would) wakes the queued job at once, without an operator restart and
-    before the idle safety-net pass."""
+def test_a_job_queued_after_kueue_came_after_the_operator_is_admitted_within_seconds(
+    tmp_path: Path, wait_for: Any
+) -> None:
+    """A control plane of its own, without Kueue when the operator starts, so it does not watch Workloads (kopf
+    would resolve them only on a CRD event that comes after discovery lists them, which may never come). Kueue's
+    CRDs installed later: a queued job reads its Workload every few seconds, so an admission (written here as Kueue
+    would) starts it well before the idle safety-net pass, without an operator restart; the log says a restart
+    turns the watch on."""
     from cluster_support import make_kubectl
     from kubernetes import config as k8s_config
 
@@ -769,8 +772,9 @@ def test_the_workload_watch_starts_when_kueues_crds_come_after_the_operator(tmp_
                 wait_for(
                     lambda: len(core.list_namespaced_pod("late").items) == 2,
                     timeout=IDLE_REQUEUE_S / 3,
-                    message="the admitted job's pods, from the Workload's watch event",
+                    message="the admitted job's pods, from the Workload read while queued",
                 )
+                assert "restart the operator after installing Kueue" in log.read_text(errors="replace")
         except BaseException:
             print(log.read_text(errors="replace")[-5000:])
             raise

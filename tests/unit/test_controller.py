@@ -95,10 +95,13 @@ class FakeApi:
         self.calls.append(f"log_tail {pod}/{container}")
         return self.log
 
-    # Kueue: the Workload is watched, not read; a GET would be recorded here, and is what a queued job must not do.
+    # Kueue: the Workload is watched, not read; a GET would be recorded here, and is what a queued job must not do
+    # where the watch runs. Without it (JobLoop poll_workloads) the loop reads `workload`.
+    workload: dict[str, Any] | None = None
+
     def get_workload(self, ns: str, name: str) -> dict[str, Any] | None:
         self.calls.append("get_workload")
-        return None
+        return copy.deepcopy(self.workload)
 
     def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
         self.calls.append(f"get_resource_flavor {name}")
@@ -138,7 +141,9 @@ class World:
     """A loop over one two-rank job; `pods` are what the indexes hold. `clock` is FakeClock unless a test runs
     the loop on real time (young_monotonic)."""
 
-    def __init__(self, clock: Callable[[], float] | None = None, **run_policy: Any) -> None:
+    def __init__(
+        self, clock: Callable[[], float] | None = None, poll_workloads: bool = False, **run_policy: Any
+    ) -> None:
         builder = make_job(NAME, NS).nodes(2).classification()
         if run_policy:
             builder.run_policy(**run_policy)
@@ -148,7 +153,15 @@ class World:
         self.clock = clock or FakeClock()
         self.pods: list[dict[str, Any]] = []
         self.workloads: list[dict[str, Any]] = []  # what the Workload index holds
-        self.loop = JobLoop(NS, NAME, self.api, {}, clock=self.clock, now=lambda: datetime(2026, 12, 2, 10))
+        self.loop = JobLoop(
+            NS,
+            NAME,
+            self.api,
+            {},
+            clock=self.clock,
+            now=lambda: datetime(2026, 12, 2, 10),
+            poll_workloads=poll_workloads,
+        )
 
     def children(self) -> Children:
         return Children(
@@ -435,10 +448,12 @@ def test_the_daemon_reads_children_only_from_registered_indexes() -> None:
     registered indexes to every handler."""
     registry = kopf.get_default_registry()
     indexes = {str(h.id) for h in registry._indexing.get_all_handlers()}
-    assert set(handlers._index_ids({})) <= indexes
+    assert set(handlers._index_ids({}, workloads=False)) <= indexes
     assert "job_daemon" in {str(h.id) for h in registry._spawning.get_all_handlers()}
-    # The NetworkPolicy index is added by run_operator() when the config enables policies, before kopf runs.
+    # The NetworkPolicy index is added by run_operator() when the config enables policies, and the Workload index
+    # when the API serves Workloads, before kopf runs.
     assert handlers._index_ids({"networkPolicy": {"enabled": True}})[-1] == "job_networkpolicies"
+    assert handlers._index_ids({})[1] == "job_workloads"
 
 
 # -- Prometheus gauges: set from the progress the loop reads (the real parser on rank 0's log text), read back
@@ -807,6 +822,7 @@ def test_the_operator_freezes_its_startup_objects_before_kopf_runs(monkeypatch: 
     frozen_at_run: list[int] = []
     monkeypatch.setattr(handlers.kopf, "run", lambda **_: frozen_at_run.append(gc.get_freeze_count()))
     monkeypatch.setattr(handlers.kopf, "configure", lambda **_: None)
+    monkeypatch.setattr(handlers, "workloads_served", lambda: False)  # no cluster here: Kueue absent
     try:
         assert handlers.run_operator(namespaces=["ns"], config={}, metrics_port=0, health_port=0, verbose=True) == 0
     finally:
@@ -926,6 +942,26 @@ def test_a_queued_job_makes_no_request_while_its_workload_does_not_change() -> N
     assert w.loop.pace.pass_due()
     w.step()
     assert sorted(o["metadata"]["name"] for o in w.api.created if o["kind"] == "Pod") == ["j-rank-0", "j-rank-1"]
+
+
+def test_without_the_workload_watch_a_queued_job_reads_its_workload_until_admitted() -> None:
+    """Where Kueue came after the operator (no Workload watch), a Queued job reads its Workload every pass and
+    passes every QUEUED_POLL_S, so an admission starts it within seconds; a job that never had a queue reads none."""
+    w = World(poll_workloads=True, queueName="lq")
+    w.step()
+    [made] = [o for o in w.api.created if o["kind"] == "Workload"]
+    w.api.workload = shown(made)
+    w.clock.advance(controller.QUEUED_POLL_S)  # the first pass asked for the next one by then
+    pause = w.step()
+    assert w.api.job["status"]["phase"] == "Queued" and pause.seconds <= controller.QUEUED_POLL_S
+    assert w.api.calls.count("get_workload") == 2
+    w.api.workload = admitted_workload(made)
+    w.clock.advance(pause.seconds)
+    w.step()
+    assert sorted(o["metadata"]["name"] for o in w.api.created if o["kind"] == "Pod") == ["j-rank-0", "j-rank-1"]
+    plain = World(poll_workloads=True)
+    plain.step()
+    assert "get_workload" not in plain.api.calls
 
 
 def test_an_eviction_seen_on_the_workload_watch_stops_the_pods_in_that_pass() -> None:
