@@ -137,6 +137,9 @@ def test_migration_guide_names_only_real_fields() -> None:
     named = set(re.findall(r"`(spec(?:\.\w+)+)", MIGRATION))
     assert {"spec.command", "spec.mpi.slotsPerNode", "spec.runPolicy.queueName"} <= named
     assert named <= paths(SPEC, "spec"), sorted(named - paths(SPEC, "spec"))
+    # Every field of spec.podTemplate has its row (issue 24: what a Kubeflow user's template becomes).
+    template = paths(SPEC["properties"]["podTemplate"], "spec.podTemplate") - {"spec.podTemplate"}
+    assert template <= named, sorted(template - named)
 
 
 def test_every_pattern_and_rule_is_printable_ascii() -> None:

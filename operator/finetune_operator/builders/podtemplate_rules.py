@@ -82,6 +82,11 @@ def _key_cel(var: str, own: tuple[str, ...]) -> str:
     return f"!({var} in {_cel_list(own)} || {prefixes})"
 
 
+def _lower_ascii(k: str) -> str:
+    """CEL's lowerAscii(): only A-Z change (Python's lower() also maps e.g. the Kelvin sign to k)."""
+    return "".join(ch.lower() if "A" <= ch <= "Z" else ch for ch in k)
+
+
 def _meta(t: Obj, key: str) -> Obj:
     return dict((t.get("metadata") or {}).get(key) or {})
 
@@ -171,7 +176,7 @@ def pod_template_rules() -> list[Rule]:
             f"karpenter.sh/do-not-disrupt), not under {' or '.join(RESERVED_KEY_PREFIXES)} (the operator's and "
             "Kueue's own): choose another key",
             lambda t: all(
-                f.is_qualified_name(k.lower()) and not _reserved_key(k, own["annotations"])
+                f.is_qualified_name(_lower_ascii(k)) and not _reserved_key(k, own["annotations"])
                 for k in _meta(t, "annotations")
             ),
         ),
@@ -220,18 +225,24 @@ def pod_template_rules() -> list[Rule]:
         Rule(
             "pod-template-mounts-name-volumes",
             SCOPE,
-            "(!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && "
-            "self.volumes.exists(v, v.name == m.name))) && (!has(self.initContainers) || "
-            "self.initContainers.all(x, !has(x.volumeMounts) || x.volumeMounts.all(m, has(self.volumes) && "
-            "self.volumes.exists(v, v.name == m.name))))",
+            "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && "
+            "self.volumes.exists(v, v.name == m.name))",
             ".volumeMounts",
-            "spec.podTemplate.volumeMounts and the volumeMounts of spec.podTemplate.initContainers may mount only "
-            "volumes of spec.podTemplate.volumes (the operator's own volumes, such as output and ssh, stay its "
-            "own): add the volume, or fix the name",
+            "spec.podTemplate.volumeMounts may mount only volumes of spec.podTemplate.volumes (the operator's own "
+            "volumes, such as output and ssh, stay its own): add the volume, or fix the name",
+            lambda t: all(m.get("name") in _volume_names(t) for m in t.get("volumeMounts") or []),
+        ),
+        Rule(
+            "pod-template-container-mounts-name-volumes",
+            SCOPE,
+            "!has(self.initContainers) || self.initContainers.all(x, !has(x.volumeMounts) || "
+            "x.volumeMounts.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name)))",
+            ".initContainers",
+            "the volumeMounts of spec.podTemplate.initContainers may mount only volumes of "
+            "spec.podTemplate.volumes (the operator's own volumes, such as output and ssh, stay its own): add the "
+            "volume, or fix the name",
             lambda t: all(
-                m.get("name") in _volume_names(t)
-                for m in list(t.get("volumeMounts") or [])
-                + [m for x in _containers(t) for m in x.get("volumeMounts") or []]
+                m.get("name") in _volume_names(t) for x in _containers(t) for m in x.get("volumeMounts") or []
             ),
         ),
         Rule(
