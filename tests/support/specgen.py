@@ -783,14 +783,20 @@ META_VALUES: dict[str, tuple[Any, ...]] = {
 
 
 @st.composite
-def boundary_jobs(draw: st.DrawFn) -> Job:
-    """A valid job changed at one to three places to boundary values, or to values of another type."""
+def boundary_jobs(draw: st.DrawFn, under: str | None = None) -> Job:
+    """A valid job changed at one to three places to boundary values, or to values of another type. With `under`
+    (a spec field, e.g. podTemplate), only there, in a job that has the field."""
     from finetune_operator.api.schema import SPEC
 
     job = copy.deepcopy(draw(valid_jobs()))
     nodes = schema_nodes(SPEC, ("spec",))
+    if under is not None:
+        nodes = [(path, node) for path, node in nodes if path[:2] == ("spec", under)]
+        if under == "podTemplate" and "podTemplate" not in job["spec"]:
+            mpi = job["spec"].get("launcher", profiles.get(_hw(job)["profile"]).default_launcher) == "mpi"
+            job["spec"]["podTemplate"] = draw(pod_templates(mpi))
     for _ in range(draw(st.integers(1, 3))):
-        if draw(st.integers(0, 5)) == 0:
+        if under is None and draw(st.integers(0, 5)) == 0:
             key = draw(st.sampled_from(sorted(META_VALUES)))
             job["metadata"][key] = copy.deepcopy(draw(st.sampled_from(META_VALUES[key])))
             continue
