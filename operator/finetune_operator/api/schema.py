@@ -670,7 +670,10 @@ VOLUME = {
                 required=["claimName"],
             )
             if src == "persistentVolumeClaim"
-            else _free(f"A {src} volume source, as in a Pod.")
+            else _free(
+                f"Volume source {src}, as in a Pod, passed through as written: the API server checks it when the "
+                "pods are made, and policy.allowedVolumeTypes says whether a job may use it."
+            )
             for src in VOLUME_SOURCES
         },
     },
