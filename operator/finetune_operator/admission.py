@@ -12,6 +12,7 @@ from .api.rules import Rule, static_rules
 from .api.schema import openapi_schema
 from .api.validation import FieldError, InvalidSpec, apply_defaults, non_finite, prune_nulls, validate_structure
 from .builders.devices import device_limits_rule
+from .builders.podtemplate_rules import pod_template_rules
 from .builders.reserved_env import env_from_prefix_rule, reserved_env_rule
 from .constants import API_VERSION, KIND
 
@@ -22,6 +23,7 @@ def all_rules() -> list[Rule]:
         + profiles.profile_rules()
         + pod_rules()
         + [reserved_env_rule(), env_from_prefix_rule(), device_limits_rule()]
+        + pod_template_rules()
     )
 
 

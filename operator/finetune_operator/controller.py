@@ -39,7 +39,7 @@ from .builders.objects import SshKeys
 from .conditions import TERMINAL, set_condition
 from .expectations import Expectations
 from .jobcache import JobCache
-from .kueue import admitted_flavors
+from .kueue import admitted_flavors, priority_class_to_read
 from .metrics import (
     RECONCILE_ERRORS,
     RECONCILES,
@@ -120,6 +120,7 @@ class Api(Protocol):
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None: ...
     def get_workload(self, ns: str, name: str) -> dict[str, Any] | None: ...
     def get_resource_flavor(self, name: str) -> dict[str, Any] | None: ...
+    def get_priority_class(self, name: str) -> dict[str, Any] | None: ...
     def patch_workload_status(self, ns: str, name: str, patch: dict[str, Any]) -> None: ...
     def delete_workload(self, ns: str, name: str, uid: str) -> None: ...
 
@@ -429,7 +430,15 @@ class JobLoop:
         # An admitted Workload's flavors, read each pass (a GET each): their nodeLabels and tolerations go onto
         # the pods; one that cannot be read (None) is left out and reconcile waits for it.
         flavors = {f: obj for f in admitted_flavors(wl) if (obj := self.api.get_resource_flavor(f)) is not None}
-        observed = dataclasses.replace(bare, progress=prog, ssh_keys=_key_maker(name), flavors=flavors)
+        # A queued job's PriorityClass, read (a GET) only while its Workload is still to be made: the value is
+        # the Workload's priority. One that cannot be read is left out, and reconcile waits for it.
+        pclass = priority_class_to_read(job, wl)
+        classes = {}
+        if pclass is not None and (obj := self.api.get_priority_class(pclass)) is not None:
+            classes[pclass] = int(obj.get("value") or 0)
+        observed = dataclasses.replace(
+            bare, progress=prog, ssh_keys=_key_maker(name), flavors=flavors, priority_classes=classes
+        )
         try:
             plan = reconcile(job, observed, self.config)
         except _KeysFailed as e:

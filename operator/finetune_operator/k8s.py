@@ -13,6 +13,7 @@
 | get ResourceFlavor | absent: None (the job waits)     | -                                                       |
 | get Workload (3)   | none yet: None (the job makes it) | -                                                      |
 | Kueue's discovery  | group not served: no Workloads   | -                                                       |
+| get PriorityClass  | absent: None (the job waits)     | -                                                       |
 | patch Workload status | gone: ignored                 | Kueue wrote it meanwhile: ignored (2)                   |
 | post event         | errors are logged, never raised  | a repeat: count + 1 on the existing Event (aggregation) |
 | list jobs (CLI)    | namespace none: empty list       | -                                                       |
@@ -321,6 +322,16 @@ class Kube:
         try:
             # Cluster-scoped: no namespace in the path.
             return self._json("GET", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/{KUEUE_RESOURCE_FLAVORS}/{name}")
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def get_priority_class(self, name: str) -> dict[str, Any] | None:
+        """A PriorityClass (cluster-scoped): its value is the Workload priority of a queued job that names it in
+        spec.podTemplate.priorityClassName."""
+        try:
+            return self._json("GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
         except ApiException as e:
             if e.status == 404:
                 return None

@@ -61,6 +61,20 @@ def admitted_flavors(wl: dict[str, Any] | None) -> list[str]:
     return assigned_flavors((wl.get("status") or {}).get("admission"))
 
 
+def priority_class_to_read(job: dict[str, Any], wl: dict[str, Any] | None) -> str | None:
+    """The PriorityClass to read for a pass (Observed.priority_classes): spec.podTemplate.priorityClassName of a
+    queued job whose Workload is still to be made (its priority is fixed then, as its pod sets are)."""
+    if wl is not None or not (job["spec"].get("runPolicy") or {}).get("queueName"):
+        return None
+    name = (job["spec"].get("podTemplate") or {}).get("priorityClassName")
+    return str(name) if name else None
+
+
+# While the PriorityClass a queued job names cannot be read, it is read again this often (classes are not
+# watched).
+PRIORITY_CLASS_POLL_S = 3.0
+
+
 def _selector_source(job: dict[str, Any], layout: Layout, key: str) -> str:
     """Which field of the job puts `key` into its pods' node selector (pods.scheduling), for messages."""
     if key in (job["spec"]["hardware"].get("nodeSelector") or {}):
@@ -156,9 +170,22 @@ def queued(p: Pass) -> Plan | None:
         p.transition("Queued", "QueueChanged", msg)
         set_condition(st, "Queued", True, "QueueChanged", msg, now)
         return p.plan
+    missing_class = None
     if wl is None:
-        pods = desired(p.job, images=p.config.get("images"), attempt=p.attempt).pods
-        p.plan.create.append(build_workload(p.job, p.layout, p.names, pods))
+        pclass = priority_class_to_read(p.job, wl)
+        if pclass is not None and pclass not in p.observed.priority_classes:
+            # Kueue orders and preempts by the Workload's priority, which is the class's value: no Workload
+            # without it (Kueue's own integrations fail to make one too). Its creation is a later pass.
+            missing_class = (
+                f"PriorityClass {pclass} (spec.podTemplate.priorityClassName) not found; the Workload, whose "
+                "priority is the class's value, is created once it exists: create the PriorityClass, or re-create "
+                "the job with an existing one"
+            )
+            p.plan.requeue_after = PRIORITY_CLASS_POLL_S
+        else:
+            pods = desired(p.job, images=p.config.get("images"), attempt=p.attempt).pods
+            value = p.observed.priority_classes.get(pclass) if pclass else None
+            p.plan.create.append(build_workload(p.job, p.layout, p.names, pods, priority=value))
         if p.old_phase not in (None, "Queued"):
             # A job past its queue whose Workload the index does not show: deleted by someone, or its labels
             # edited so that the watch lost it (the create's 409 restores them). Its pods stay until a Workload
@@ -186,10 +213,11 @@ def queued(p: Pass) -> Plan | None:
             },
         ]
         p.plan.workload_status = _wl_patch(wl, {"admission": None, "conditions": conds})
-    msg = _queue_message(wl, queue)
-    p.transition("Queued", "Queued", msg)
-    set_condition(st, "Queued", True, "Queued", msg, now)
-    set_condition(st, "Running", False, "Queued", msg, now)
+    msg = missing_class or _queue_message(wl, queue)
+    reason = "PriorityClassNotFound" if missing_class else "Queued"
+    p.transition("Queued", reason, msg)
+    set_condition(st, "Queued", True, reason, msg, now)
+    set_condition(st, "Running", False, reason, msg, now)
     st.pop("startTime", None)  # activeDeadlineSeconds counts from admission, not from the queue
     st["ranks"] = {"ready": 0, "total": p.layout.nodes}
     return p.plan

@@ -182,6 +182,14 @@ def local_env(
             file=sys.stderr,
         )
         del env["FTJOB_RESUME_FROM"]
+    template = job["spec"].get("podTemplate") or {}
+    if template.get("volumeMounts") or template.get("initContainers"):
+        mounts = ", ".join(str(m.get("mountPath")) for m in template.get("volumeMounts") or [])
+        print(
+            "note: spec.podTemplate's volumes and init containers belong to the pods: none is made here"
+            + (f" (what the pods mount at {mounts} must exist on this machine)" if mounts else ""),
+            file=sys.stderr,
+        )
     # The images have the runtime's environment on PATH (torchrun, accelerate, ftjob-runtime): so does a local
     # run, when ftjob was started from a virtual environment that is not activated.
     env["PATH"] = local_path(os.environ.get("PATH", ""))

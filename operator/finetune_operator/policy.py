@@ -2,10 +2,12 @@
 
 `create` on finetunejobs amounts to creating pods in the namespace: with any image, any ServiceAccount and any
 Secret there, on any node the pods tolerate and select (docs/operator.md, "Who may create a job"). These lists
-narrow that: a job naming an image, ServiceAccount, Secret, claim, toleration, node label or scheduler outside
-them, or lacking a queue its namespace requires, ends Failed/PolicyViolation before any child is created. An
-empty or absent list allows everything (the default). Pure: reconcile.py calls `violations()` on every unfinished
-pass, so tightening a list also stops running jobs that break it.
+narrow that: a job naming an image, ServiceAccount, Secret, claim, toleration, node label, scheduler, volume type
+or priority class outside them, or lacking a queue its namespace requires, ends Failed/PolicyViolation before
+any child is created. An empty or absent list allows everything (the default), but for allowedVolumeTypes,
+whose default is the volume types Pod Security's restricted profile allows (no hostPath), and
+allowedSidecarImages, whose default is allowedImages. Pure: reconcile.py calls `violations()` on every
+unfinished pass, so tightening a list also stops running jobs that break it.
 """
 
 from __future__ import annotations
@@ -22,11 +24,44 @@ TOLERATION_KEYS = "allowedTolerationKeys"  # spec.hardware.tolerations[].key
 NODE_LABELS = "allowedNodeLabels"  # "key=value" globs for spec.hardware.nodeSelector and node affinity
 SCHEDULERS = "allowedSchedulerNames"  # spec.hardware.schedulerName
 QUEUE_REQUIRED = "queueRequiredNamespaces"  # namespaces whose jobs must set spec.runPolicy.queueName
-GLOB_LISTS = (IMAGES, SERVICE_ACCOUNTS, SECRETS, TOLERATION_KEYS, NODE_LABELS, SCHEDULERS, QUEUE_REQUIRED)
+# spec.podTemplate (builders/podtemplate.py):
+VOLUME_TYPES = "allowedVolumeTypes"  # the source of each spec.podTemplate.volumes entry (hostPath, csi, ...)
+SIDECAR_IMAGES = "allowedSidecarImages"  # images of spec.podTemplate.initContainers; default: allowedImages
+PRIORITY_CLASSES = "allowedPriorityClasses"  # spec.podTemplate.priorityClassName
+GLOB_LISTS = (
+    IMAGES,
+    SERVICE_ACCOUNTS,
+    SECRETS,
+    TOLERATION_KEYS,
+    NODE_LABELS,
+    SCHEDULERS,
+    QUEUE_REQUIRED,
+    VOLUME_TYPES,
+    SIDECAR_IMAGES,
+    PRIORITY_CLASSES,
+)
 KEYS = (*GLOB_LISTS[:3], CLAIMS, *GLOB_LISTS[3:])
 DEFAULT_SERVICE_ACCOUNT = "default"  # what a pod without serviceAccountName runs as
+# allowedVolumeTypes when empty or absent: the inline volume sources Pod Security's restricted profile allows
+# (k8s.io/pod-security-admission, check restrictedVolumes), so a job's pods pass a restricted namespace and no
+# job mounts a node's files (hostPath) or a storage backend directly (nfs, iscsi, ...).
+DEFAULT_VOLUME_TYPES = (
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "image",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+)
 # What a spec mounts from a PersistentVolumeClaim, by purpose (an allowedClaims entry's `purposes`).
-CLAIM_PURPOSES = {"output": "spec.output.claimName", "compileCache": "spec.compileCache.claimName"}
+CLAIM_PURPOSES = {
+    "output": "spec.output.claimName",
+    "compileCache": "spec.compileCache.claimName",
+    "volume": "spec.podTemplate.volumes[].persistentVolumeClaim.claimName",
+}
 CLAIM_ENTRY_KEYS = ("namespaces", "claims", "purposes")
 
 
@@ -35,28 +70,67 @@ def _allowed(value: str, patterns: list[str]) -> bool:
     return any(fnmatchcase(value, p) for p in patterns)
 
 
+def _env_secrets(where: str, container: Mapping[str, Any]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for i, src in enumerate(_dicts(container.get("envFrom"))):
+        if isinstance(src.get("secretRef"), Mapping) and src["secretRef"].get("name"):
+            out.append((f"{where}.envFrom[{i}].secretRef.name", str(src["secretRef"]["name"])))
+    for i, var in enumerate(_dicts(container.get("env"))):
+        ref = (var.get("valueFrom") or {}).get("secretKeyRef") or {}
+        if ref.get("name"):
+            out.append((f"{where}.env[{i}].valueFrom.secretKeyRef.name", str(ref["name"])))
+    return out
+
+
+def _template(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    tpl = spec.get("podTemplate")
+    return tpl if isinstance(tpl, Mapping) else {}
+
+
+def _volumes(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    for i, vol in enumerate(_dicts(_template(spec).get("volumes"))):
+        yield f"spec.podTemplate.volumes[{i}]", vol
+
+
+def _volume_secrets(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Secrets a template's volumes mount: secret volumes, and projected volumes' secret sources (passed through
+    unchecked, so read with care)."""
+    out: list[tuple[str, str]] = []
+    for where, vol in _volumes(spec):
+        secret = vol.get("secret")
+        if isinstance(secret, Mapping) and secret.get("secretName"):
+            out.append((f"{where}.secret.secretName", str(secret["secretName"])))
+        projected = vol.get("projected")
+        sources = projected.get("sources") if isinstance(projected, Mapping) else None
+        for j, src in enumerate(_dicts(sources)):
+            ref = src.get("secret")
+            if isinstance(ref, Mapping) and ref.get("name"):
+                out.append((f"{where}.projected.sources[{j}].secret.name", str(ref["name"])))
+    return out
+
+
 def secrets_of(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(field, Secret name) of every Secret the job's pods would read."""
     out: list[tuple[str, str]] = []
     if (spec.get("hfTokenSecretRef") or {}).get("name"):
         out.append(("spec.hfTokenSecretRef.name", spec["hfTokenSecretRef"]["name"]))
-    for i, src in enumerate(spec.get("envFrom") or []):
-        if (src.get("secretRef") or {}).get("name"):
-            out.append((f"spec.envFrom[{i}].secretRef.name", src["secretRef"]["name"]))
-    for i, var in enumerate(spec.get("env") or []):
-        ref = (var.get("valueFrom") or {}).get("secretKeyRef") or {}
-        if ref.get("name"):
-            out.append((f"spec.env[{i}].valueFrom.secretKeyRef.name", ref["name"]))
-    return out
+    out += _env_secrets("spec", spec)
+    for i, ctr in enumerate(_dicts(_template(spec).get("initContainers"))):
+        out += _env_secrets(f"spec.podTemplate.initContainers[{i}]", ctr)
+    return out + _volume_secrets(spec)
 
 
 def claims_of(spec: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(purpose, field, claim name) of every PersistentVolumeClaim the job's pods would mount."""
     out = []
-    for purpose, field in CLAIM_PURPOSES.items():
-        name = (spec.get(field.split(".")[1]) or {}).get("claimName")
+    for purpose in ("output", "compileCache"):
+        name = (spec.get(purpose) or {}).get("claimName")
         if name:
-            out.append((purpose, field, str(name)))
+            out.append((purpose, CLAIM_PURPOSES[purpose], str(name)))
+    for where, vol in _volumes(spec):
+        pvc = vol.get("persistentVolumeClaim")
+        if isinstance(pvc, Mapping) and pvc.get("claimName"):
+            out.append(("volume", f"{where}.persistentVolumeClaim.claimName", str(pvc["claimName"])))
     return out
 
 
@@ -154,6 +228,43 @@ def _scheduling_violations(spec: Mapping[str, Any], policy: Mapping[str, Any]) -
     return out
 
 
+def volume_type(vol: Mapping[str, Any]) -> str:
+    """A volume's source (the key beside its name); admission lets only volumes with exactly one through."""
+    return next((str(k) for k in vol if k != "name"), "")
+
+
+def _template_violations(spec: Mapping[str, Any], policy: Mapping[str, Any]) -> list[str]:
+    """spec.podTemplate: volume types, the images of init containers and sidecars, the priority class."""
+    out: list[str] = []
+    types = _glob_list(policy, VOLUME_TYPES) or list(DEFAULT_VOLUME_TYPES)
+    for where, vol in _volumes(spec):
+        kind = volume_type(vol)
+        if not _allowed(kind, types):
+            default = "" if policy.get(VOLUME_TYPES) else " (the default: Pod Security restricted's types)"
+            out.append(
+                f"{where} is a {kind} volume, which the operator's policy.{VOLUME_TYPES} {types}{default} does not "
+                "allow: use one of those types (e.g. a persistentVolumeClaim for a dataset)"
+            )
+    own = _glob_list(policy, SIDECAR_IMAGES)
+    images, key = (own, SIDECAR_IMAGES) if own else (_glob_list(policy, IMAGES), IMAGES)
+    for i, ctr in enumerate(_dicts(_template(spec).get("initContainers")) if images else []):
+        image = ctr.get("image")
+        if image and not _allowed(str(image), images):
+            out.append(
+                f"spec.podTemplate.initContainers[{i}].image {image!r} is not allowed by the operator's "
+                f"policy.{key} {images}: use a matching image, or leave it empty for the job's image"
+            )
+    classes = _glob_list(policy, PRIORITY_CLASSES)
+    name = _template(spec).get("priorityClassName")
+    if classes and name and not _allowed(str(name), classes):
+        out.append(
+            f"spec.podTemplate.priorityClassName {name!r} is not allowed by the operator's "
+            f"policy.{PRIORITY_CLASSES} {classes}: name one of those PriorityClasses, or leave it out for the "
+            "cluster's default priority"
+        )
+    return out
+
+
 def violations(spec: Mapping[str, Any], config: Mapping[str, Any], namespace: str) -> list[str]:
     """One message per field that breaks the operator's allowlists, each naming the field, the value, the
     allowlist and the fix. The profiles' default images (the operator's own configuration) are always allowed:
@@ -200,6 +311,7 @@ def violations(spec: Mapping[str, Any], config: Mapping[str, Any], namespace: st
                 + (f" (e.g. {', '.join(usable)})" if usable else "")
             )
     out += _scheduling_violations(spec, policy)
+    out += _template_violations(spec, policy)
     required = _glob_list(policy, QUEUE_REQUIRED)
     if required and not (spec.get("runPolicy") or {}).get("queueName") and _allowed(ns, required):
         out.append(

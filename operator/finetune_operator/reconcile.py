@@ -93,6 +93,9 @@ class Observed:
     # While that Workload is admitted: the ResourceFlavors its admission names (`admitted_flavors()`), by name,
     # those that could be read. Their nodeLabels and tolerations go onto the pods (builders.flavors).
     flavors: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    # While a queued job's Workload is to be created: its spec.podTemplate.priorityClassName -> the PriorityClass's
+    # value (`kueue.priority_class_to_read()`), when the class could be read. The Workload's priority.
+    priority_classes: Mapping[str, int] = field(default_factory=dict)
     # "Kind/name" -> (uid, labels) of the `objects` found under the job's key by their controller owner whose
     # job-name label names another job (or none): relabelled when they turn out to be the job's own.
     mislabelled: Mapping[str, tuple[str, Mapping[str, str]]] = field(default_factory=dict)

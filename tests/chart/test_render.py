@@ -32,6 +32,8 @@ CRD_READ: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     # Kueue: an admitted job's ResourceFlavors (cluster-scoped; k8s.Kube.get_resource_flavor).
     ("kueue.x-k8s.io", "resourceflavors"): {"get"},
+    # A queued job's spec.podTemplate.priorityClassName: the Workload's priority (k8s.Kube.get_priority_class).
+    ("scheduling.k8s.io", "priorityclasses"): {"get"},
 }
 # Leader election: the operator's Lease in its own namespace (leader.Elector: k8s.Kube.get_lease, create_lease,
 # update_lease), granted by a Role there in both modes.
@@ -432,11 +434,15 @@ def test_allowlists_reach_the_operator_config_and_load_there(render: Renderer, t
         "allowedClaims": [
             {"namespaces": ["team-a"], "claims": ["team-a-results"], "purposes": ["output"]},
             {"claims": ["finetune-cache"], "purposes": ["compileCache"]},
+            {"claims": ["fsx-*"], "purposes": ["volume"]},
         ],
         "allowedTolerationKeys": ["nvidia.com/gpu"],
         "allowedNodeLabels": ["pool=team-a-*"],
         "allowedSchedulerNames": ["neuron-scheduler"],
         "queueRequiredNamespaces": ["team-*"],
+        "allowedVolumeTypes": ["persistentVolumeClaim", "emptyDir"],
+        "allowedSidecarImages": ["registry.example.com/sidecars/*"],
+        "allowedPriorityClasses": ["training-*"],
     }
     config = operator_config(render(Values().set({"policy": policy})))
     written = {k: v for k, v in policy.items() if v}  # an empty list allows everything, as an absent one

@@ -780,3 +780,84 @@ def test_a_job_queued_after_kueue_came_after_the_operator_is_admitted_within_sec
             raise
         finally:
             api.close()
+
+
+# -- spec.podTemplate: the Workload's priority and pod set metadata, read by the real Kueue ------------------------
+
+TEMPLATE_META = {"labels": {"team": "nlp"}, "annotations": {"karpenter.sh/do-not-disrupt": "true"}}
+
+
+def prioritized_job(name: str, queue: str, priority_class: str) -> dict[str, Any]:
+    job = queued_job(name, queue)
+    job["spec"]["podTemplate"] = {"metadata": TEMPLATE_META, "priorityClassName": priority_class}
+    return job
+
+
+def test_a_higher_priority_class_preempts_a_lower_one_through_the_workloads_priority(
+    queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str, wait_for: Any, explain: Any
+) -> None:
+    """spec.podTemplate.priorityClassName reaches the Workload as Kueue's own integrations put it there
+    (priorityClassRef and the class's value as priority), with the template's labels and annotations on the pod
+    sets; Kueue then preempts the lower-priority job for the higher one, which it could only do from that
+    priority. A class that does not exist yet holds the Workload back, naming the field."""
+    with explain():
+        ns = namespace
+        cq = f"cq-{namespace}"[:63]
+        kubectl(
+            "patch",
+            "clusterqueue",
+            cq,
+            "--type=merge",
+            "-p",
+            '{"spec": {"preemption": {"withinClusterQueue": "LowerPriority"}}}',
+        )
+        scheduling = client.SchedulingV1Api(kube_api)
+        low, high = f"{ns}-low"[:63], f"{ns}-high"[:63]
+        try:
+            scheduling.create_priority_class({"metadata": {"name": low}, "value": 100})
+            kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(prioritized_job("low", queue, low)))
+            wl = wait_for(lambda: admitted(kube_api, ns, "low"), timeout=120, message="low admitted")
+            assert wl["spec"]["priority"] == 100  # type: ignore[index]
+            assert wl["spec"]["priorityClassRef"] == {  # type: ignore[index]
+                "group": "scheduling.k8s.io",
+                "kind": "PriorityClass",
+                "name": low,
+            }
+            [ps] = wl["spec"]["podSets"]  # type: ignore[index]
+            assert ps["template"]["metadata"]["labels"] == TEMPLATE_META["labels"]
+            assert ps["template"]["metadata"]["annotations"] == TEMPLATE_META["annotations"]
+            assert ps["template"]["spec"]["priorityClassName"] == low
+            wait_for(lambda: len(kubelet.live_pods("low")) == 2, timeout=120, message="low's pods")
+            pods = kubelet.live_pods("low")
+            for p in pods:
+                # The Priority admission plugin resolved the class on the pod, as on the Workload.
+                assert p.spec.priority_class_name == low and p.spec.priority == 100
+                assert p.metadata.labels["team"] == "nlp"
+                assert p.metadata.annotations["karpenter.sh/do-not-disrupt"] == "true"
+                kubelet.set_status(p.metadata.name, "Running")
+            wait_for(lambda: status(kube_api, ns, "low").get("phase") == "Running", timeout=120, message="low Running")
+
+            # The higher class does not exist yet: no Workload, and the job says why.
+            kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(prioritized_job("high", queue, high)))
+            st = wait_for(
+                lambda: (s := status(kube_api, ns, "high")).get("reason") == "PriorityClassNotFound" and s,
+                timeout=120,
+                message="high waits for its PriorityClass",
+            )
+            assert "spec.podTemplate.priorityClassName" in st["message"]  # type: ignore[index]
+            assert workload(kube_api, ns, "high") is None and status(kube_api, ns, "low")["phase"] == "Running"
+            scheduling.create_priority_class({"metadata": {"name": high}, "value": 1000})
+            wl = wait_for(
+                lambda: workload(kube_api, ns, "high"), timeout=60, message="high's Workload once its class exists"
+            )
+            assert wl["spec"]["priority"] == 1000  # type: ignore[index]
+            # The quota fits one job: Kueue evicts the lower priority's Workload, whose pods the operator stops.
+            wait_for(lambda: admitted(kube_api, ns, "high"), timeout=120, message="high admitted by preemption")
+            evicted = condition(workload(kube_api, ns, "low"), "Evicted")
+            assert evicted and evicted["status"] == "True" and evicted["reason"] == "Preempted", evicted
+            wait_for(lambda: status(kube_api, ns, "low").get("phase") == "Queued", timeout=120, message="low Queued")
+            wait_for(lambda: kubelet.live_pods("low") == [], timeout=120, message="low's pods gone")
+            wait_for(lambda: len(kubelet.live_pods("high")) == 2, timeout=120, message="high's pods")
+        finally:
+            for name in (low, high):
+                kubectl("delete", "priorityclass", name, "--ignore-not-found")

@@ -198,6 +198,9 @@ def test_children_are_exactly_what_render_predicts(
     spec = yaml.safe_load(sample.read_text())
     if spec["spec"].get("serviceAccountName"):  # the user's IRSA service account, as the EKS guide makes it
         kubectl("create", "serviceaccount", spec["spec"]["serviceAccountName"], "-n", namespace)
+    pclass = (spec["spec"].get("podTemplate") or {}).get("priorityClassName")
+    if pclass:  # the cluster's PriorityClass (the Priority admission plugin refuses pods naming a missing one)
+        kubectl("create", "priorityclass", pclass, "--value=1000", check=False)
     kubectl("apply", "-n", namespace, "-f", str(sample))
     name = spec["metadata"]["name"]
     # Rendered with the job's uid, which the pods receive (FTJOB_JOB_UID) and the owner references carry.

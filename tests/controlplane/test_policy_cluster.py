@@ -47,8 +47,21 @@ def test_allowlists_fail_a_job_before_any_child_and_pass_an_allowed_one(
         "image": job("bad-image", image="docker.io/someone/miner:1"),
         "sa": job("bad-sa", serviceAccountName="deployer"),
         "secret": job("bad-secret", envFrom=[{"secretRef": {"name": "db-root"}}]),
+        # spec.podTemplate: a hostPath volume (outside the default allowedVolumeTypes), a sidecar's image
+        # (allowedImages, as allowedSidecarImages is not set).
+        "volume": job("bad-volume", podTemplate={"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}),
+        "sidecar": job(
+            "bad-sidecar",
+            podTemplate={"initContainers": [{"name": "s", "image": "docker.io/x/y:1", "restartPolicy": "Always"}]},
+        ),
     }
-    fields = {"image": "spec.image", "sa": "spec.serviceAccountName", "secret": "spec.envFrom[0].secretRef.name"}
+    fields = {
+        "image": "spec.image",
+        "sa": "spec.serviceAccountName",
+        "secret": "spec.envFrom[0].secretRef.name",
+        "volume": "spec.podTemplate.volumes[0]",
+        "sidecar": "spec.podTemplate.initContainers[0].image",
+    }
     try:
         with running_operator(kubeconfig, wait_for, tmp_path / "operator.log", ["--config", str(config)]):
             for j in bad.values():

@@ -10,7 +10,8 @@ ClusterRoles the chart renders. The real operator then runs every path that talk
 - jobs whose child names are squatted by unlabelled objects of each kind (the 409 read-back that refuses to adopt);
 - a namespaced-mode operator (`--namespace`: kopf reads namespaces);
 - a job queued through Kueue (its Workload created and watched; admitted here by a status write standing in for
-  Kueue, which test_kueue.py runs for real; the admission's ResourceFlavor read; PodsReady and Finished set);
+  Kueue, which test_kueue.py runs for real; the admission's ResourceFlavor read; PodsReady and Finished set),
+  with spec.podTemplate.priorityClassName (its PriorityClass read for the Workload's priority);
 - children whose managed-by label someone removed (a pod, the Service, the ConfigMap, the NetworkPolicy, a
   Workload): the create's 409 is read back and the labels patched back;
 - a queued job whose queueName is removed: its Workload deleted;
@@ -226,7 +227,14 @@ def test_rbac_grants_exactly_what_the_operator_uses(audited: Audited, tmp_path: 
             apply(a, ns, two_rank_job("mpi", mpi=True))
             wait_for(lambda: len(kubelet.live_pods("mpi")) == 3, timeout=60, message="pods of mpi")
             # A queued job: Workload created and read while queued, status patched Finished at the end.
-            apply(a, ns, two_rank_job("queued", queueName="lq"))
+            # With spec.podTemplate.priorityClassName: the operator reads the class (cluster-scoped) for the
+            # Workload's priority. Its pods carry the class, so the Priority admission plugin needs it too.
+            client.SchedulingV1Api(a.api).create_priority_class(
+                {"metadata": {"name": "audit-high"}, "value": 1000, "description": "rbac audit"}
+            )
+            queued = two_rank_job("queued", queueName="lq")
+            queued["spec"]["podTemplate"] = {"priorityClassName": "audit-high"}
+            apply(a, ns, queued)
             wl_api = ("kueue.x-k8s.io", "v1beta2", ns, "workloads", "queued")
             custom = client.CustomObjectsApi(a.api)
             wait_for(lambda: custom.get_namespaced_custom_object(*wl_api), timeout=60, message="queued's Workload")

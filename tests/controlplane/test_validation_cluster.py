@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from operator_support import API, NO_KUBELET, install_crd, running_operator, status
-from specgen import Mistake, boundary_jobs, invalid_jobs, valid_jobs
+from specgen import PRIORITY_CLASSES, Mistake, boundary_jobs, invalid_jobs, valid_jobs
 
 from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys, desired
@@ -87,22 +87,58 @@ def _create(kube_api: client.ApiClient, ns: str, job: dict[str, Any], dry_run: b
         return r.data.decode(errors="replace")
 
 
+# The operator's policy with every list open: render then refuses only what admission refuses (the default
+# policy.allowedVolumeTypes, Pod Security restricted's types, is the operator's rule, not the API server's).
+OPEN_POLICY = {"policy": {"allowedVolumeTypes": ["*"]}}
+
+
 def _render(job: dict[str, Any], ns: str) -> str | None:
     """None when `ftjob render -n ns` renders the job, else its errors (in-process, as the unit tier runs it)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f, tempfile.NamedTemporaryFile("w", suffix=".yaml") as c:
         f.write(yaml.safe_dump(job))
         f.flush()
+        c.write(yaml.safe_dump(OPEN_POLICY))
+        c.flush()
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(["render", "-f", f.name, "-n", ns])
+            rc = main(["render", "-f", f.name, "-n", ns, "--config", c.name])
     return None if rc == 0 else err.getvalue()
 
 
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+
+
+@pytest.fixture(scope="module")
+def priority_classes(crd: None, kube_api: client.ApiClient) -> Iterator[None]:
+    """The PriorityClasses generated spec.podTemplates name (the Priority admission plugin needs them)."""
+    api = client.SchedulingV1Api(kube_api)
+    for i, name in enumerate(PRIORITY_CLASSES):
+        with contextlib.suppress(ApiException):
+            api.create_priority_class({"metadata": {"name": name}, "value": 100 * (i + 1)})
+    yield
+    for name in PRIORITY_CLASSES:
+        with contextlib.suppress(ApiException):
+            api.delete_priority_class(name)
+
+
+@pytest.fixture
+def restricted(namespace: str, kube_api: client.ApiClient) -> str:
+    """The test's namespace under Pod Security `restricted`, as the e2e tier's namespace is."""
+    client.CoreV1Api(kube_api).patch_namespace(namespace, {"metadata": {"labels": RESTRICTED}})
+    return namespace
+
+
 def test_sampled_valid_jobs_are_accepted_and_so_are_their_pods(
-    crd: None, kube_api: client.ApiClient, namespace: str
+    crd: None, priority_classes: None, kube_api: client.ApiClient, restricted: str
 ) -> None:
     """Both halves of the promise: the CRD accepts the job, and the pod validation accepts the pods rendered
-    from it (server-side dry runs; podrules.py must not let through what the pod's own rules refuse)."""
+    from it (server-side dry runs; podrules.py must not let through what the pod's own rules refuse), in a
+    namespace that enforces Pod Security `restricted`: spec.podTemplate's volumes, init containers and sidecars
+    included (the operator sets their security context)."""
+    namespace = restricted
     core = client.CoreV1Api(kube_api)
 
     @SAMPLE
@@ -203,6 +239,25 @@ def test_render_and_the_api_server_agree_on_boundary_values(
     # Both verdicts are exercised, or the agreement says little.
     print(f"boundary verdicts: {verdicts}")
     assert min(verdicts.values()) >= 30, verdicts
+
+
+def test_render_and_the_api_server_agree_on_boundary_values_in_the_pod_template(
+    enforced: None, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """spec.podTemplate's own boundary values (issue 24): its maps, lists, names, paths, quantities and
+    pass-through volume sources, where CEL and the Python twins must count and match alike (annotation sizes in
+    characters, keys lower-cased as CEL's lowerAscii does)."""
+
+    @settings(SAMPLE, max_examples=150)
+    @given(boundary_jobs(under="podTemplate"))
+    def check(job: dict[str, Any]) -> None:
+        server, render = _create(kube_api, namespace, job), _render(job, namespace)
+        assert (server is None) == (render is None), (
+            f"render and the API server disagree:\nserver: {server or 'accepted'}\nrender: {render or 'accepted'}"
+            f"\n{json.dumps(job)}"
+        )
+
+    check()
 
 
 def test_kueue_queue_label_is_refused_on_create_and_update_naming_the_field(
@@ -380,3 +435,41 @@ def test_queue_name_changes_only_while_the_job_is_not_admitted(
             assert status(kube_api, ns, "second").get("phase") == "Queued"
     finally:
         kubectl("delete", "clusterqueue", cq, "--ignore-not-found", "--wait=false")
+
+
+def test_a_template_past_pod_security_is_stopped_by_the_default_policy_first(
+    crd: None, priority_classes: None, kube_api: client.ApiClient, restricted: str, tmp_path: Path
+) -> None:
+    """A hostPath volume is what Pod Security `restricted` refuses (the pod create would be Forbidden); the
+    operator's default policy.allowedVolumeTypes (restricted's own types) refuses it first, before any child,
+    naming the field. An admin who allows it (`["*"]`) hands the refusal to Pod Security, whose message names
+    the volume."""
+    ns = restricted
+    template = {
+        "priorityClassName": PRIORITY_CLASSES[0],
+        "volumes": [{"name": "host", "hostPath": {"path": "/var/lib/data"}}],
+        "volumeMounts": [{"name": "host", "mountPath": "/data"}],
+        "initContainers": [{"name": "proxy", "image": "registry.test/proxy:1", "restartPolicy": "Always"}],
+    }
+    job = make_job("hostpath").classification().set("spec.podTemplate", template).build()
+    assert _create(kube_api, ns, job) is None  # admission's rules: a well-formed template
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        assert main(["render", "-f", str(path), "-n", ns]) != 0
+    assert "spec.podTemplate.volumes[0] is a hostPath volume" in err.getvalue()
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"policy": {"allowedVolumeTypes": ["*"]}}))
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["render", "-f", str(path), "-n", ns, "--config", str(config)]) == 0
+    job["metadata"].update(namespace=ns, uid="00000000-0000-0000-0000-000000000000")
+    pod = desired(validate(job), ssh_keys=KEYS).pods[0]
+    with pytest.raises(ApiException) as e:
+        client.CoreV1Api(kube_api).create_namespaced_pod(ns, pod, dry_run="All")
+    assert e.value.status == 403 and "restricted" in e.value.body and "hostPath" in e.value.body, e.value.body
+    # Without it, the same template's pod (its sidecar and mounts included) passes restricted.
+    template.pop("volumes"), template.pop("volumeMounts")
+    job["spec"]["podTemplate"] = template
+    for pod in desired(validate(job), ssh_keys=KEYS).pods:
+        client.CoreV1Api(kube_api).create_namespaced_pod(ns, pod, dry_run="All")

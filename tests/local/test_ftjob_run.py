@@ -56,6 +56,21 @@ def test_local_env_is_the_pod_env_with_local_paths(tmp_path: Path) -> None:
     assert "FTJOB_JOB_UID" in pod_env and "FTJOB_JOB_UID" not in env  # local runs: the runtime's own uid
 
 
+def test_local_env_says_the_pod_templates_volumes_are_not_made_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = _job("demo-ja-sentiment.yaml")
+    local_env(job, tmp_path, None, None, None)
+    assert "spec.podTemplate" not in capsys.readouterr().err
+    job["spec"]["podTemplate"] = {
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }
+    local_env(job, tmp_path, None, None, None)
+    err = capsys.readouterr().err
+    assert "spec.podTemplate's volumes and init containers belong to the pods" in err and "/data" in err
+
+
 def test_local_mpi_hostfile_matches_implementation(tmp_path: Path) -> None:
     job = _job("squad-mini-mpi.yaml")
     env, _, procs, _ = local_env(job, tmp_path, None, None, None)

@@ -191,7 +191,74 @@ def valid_jobs(draw: st.DrawFn) -> Job:
         if draw(st.booleans()):
             rp["activeDeadlineSeconds"] = draw(st.integers(1, 10**6))
         spec["runPolicy"] = rp
+    if draw(st.booleans()):
+        spec["podTemplate"] = draw(pod_templates((launcher or p.default_launcher) == "mpi"))
     return {"apiVersion": "finetune.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": name}, "spec": spec}
+
+
+# PriorityClasses a generated spec.podTemplate may name: tests that make pods from generated jobs create them
+# (the Priority admission plugin refuses a pod naming a class that does not exist).
+PRIORITY_CLASSES = ("ftjob-test-low", "ftjob-test-high")
+_RESERVED_KEY_PREFIXES = ("finetune.dev/", "kueue.x-k8s.io/", "app.kubernetes.io/")
+_free_key = label_key.filter(lambda k: not k.startswith(_RESERVED_KEY_PREFIXES))
+# Volume sources that need nothing to exist for a pod to be accepted (a claim or Secret is checked only when the
+# kubelet mounts it).
+_VOLUME_SOURCES = (
+    {"emptyDir": {}},
+    {"emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+    {"persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}},
+    {"configMap": {"name": "settings", "optional": True}},
+    {"secret": {"secretName": "creds", "defaultMode": 0o400}},
+    {"csi": {"driver": "fsx.csi.aws.com", "volumeAttributes": {"dnsname": "fs.example"}}},
+    {"downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}},
+    {"projected": {"sources": [{"configMap": {"name": "settings"}}]}},
+)
+
+
+@st.composite
+def pod_templates(draw: st.DrawFn, mpi: bool) -> dict[str, Any]:
+    """A spec.podTemplate every rule accepts, for a torchrun (or MPI) job."""
+    t: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    if draw(st.booleans()):
+        meta["labels"] = draw(st.dictionaries(_free_key, label_value, max_size=3))
+    if draw(st.booleans()):
+        meta["annotations"] = draw(st.dictionaries(_free_key, st.text(max_size=12), max_size=3))
+    if meta:
+        t["metadata"] = meta
+    if draw(st.booleans()):
+        t["priorityClassName"] = draw(st.sampled_from(PRIORITY_CLASSES))
+    if draw(st.booleans()):
+        roles = ["worker", "launcher"] if mpi else ["rank"]
+        t["roles"] = draw(st.lists(st.sampled_from(roles), min_size=1, max_size=2, unique=True))
+    names = draw(st.lists(dns_label.map(lambda n: "v" + n), max_size=3, unique=True))
+    if names:
+        t["volumes"] = [{"name": n, **draw(st.sampled_from(_VOLUME_SOURCES))} for n in names]
+        mounted = draw(st.lists(st.sampled_from(names), max_size=len(names), unique=True))
+        if mounted:
+            t["volumeMounts"] = [
+                {"name": n, "mountPath": f"/data/{n}", **({"readOnly": True} if draw(st.booleans()) else {})}
+                for n in mounted
+            ]
+    if draw(st.booleans()):
+        containers = []
+        for i in range(draw(st.integers(1, 2))):
+            ctr: dict[str, Any] = {"name": f"user-{i}"}
+            if draw(st.booleans()):
+                ctr["image"] = draw(st.builds(lambda r: f"registry.test/{r}:1", dns_label))
+            if draw(st.booleans()):
+                ctr["restartPolicy"] = "Always"
+            if draw(st.booleans()):
+                ctr["command"] = ["sh", "-c", "true"]
+            if draw(st.booleans()):
+                ctr["env"] = draw(st.lists(_env_var(), max_size=2))
+            if draw(st.booleans()):
+                ctr["resources"] = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}}
+            if names and draw(st.booleans()):
+                ctr["volumeMounts"] = [{"name": names[0], "mountPath": "/mnt/data"}]
+            containers.append(ctr)
+        t["initContainers"] = containers
+    return t
 
 
 @dataclass(frozen=True)
@@ -258,6 +325,13 @@ def _qa_samples(job: Job, text: str) -> None:
         "dataset": {"name": "squad"},
         "inferenceSamples": [text],
     }
+
+
+def _other_roles(job: Job, _: int) -> None:
+    """spec.podTemplate.roles naming a role of the other launcher."""
+    spec = job["spec"]
+    mpi = spec.get("launcher", profiles.get(_hw(job)["profile"]).default_launcher) == "mpi"
+    spec["podTemplate"] = {"roles": ["rank"] if mpi else ["launcher"]}
 
 
 MISTAKES: list[Mistake] = [
@@ -449,6 +523,107 @@ MISTAKES: list[Mistake] = [
         _append("spec.envFrom"),
         ({"configMapRef": {"name": "c"}, "prefix": "FTJOB_"}, {"secretRef": {"name": "s"}, "prefix": "NVIDIA_"}),
     ),
+    # spec.podTemplate: what would override the operator's own, or make pods the API server refuses.
+    Mistake(
+        "template-reserved-label",
+        "spec.podTemplate.metadata.labels",
+        _put("spec.podTemplate"),
+        tuple(
+            {"metadata": {"labels": {k: "x"}}}
+            for k in (
+                "finetune.dev/role",
+                "finetune.dev/other",
+                "app.kubernetes.io/managed-by",
+                "kueue.x-k8s.io/queue-name",
+            )
+        ),
+    ),
+    Mistake(
+        "template-bad-label",
+        "spec.podTemplate.metadata.labels",
+        _put("spec.podTemplate"),
+        ({"metadata": {"labels": {"team": "a b"}}}, {"metadata": {"labels": {"bad key": "v"}}}),
+    ),
+    Mistake(
+        "template-reserved-annotation",
+        "spec.podTemplate.metadata.annotations",
+        _put("spec.podTemplate"),
+        (
+            {"metadata": {"annotations": {"finetune.dev/x": "1"}}},
+            {"metadata": {"annotations": {"kueue.x-k8s.io/podset-required-topology": "zone"}}},
+            {"metadata": {"annotations": {"bad key": "1"}}},
+            {"metadata": {"annotations": {"a": "x" * 65536}}},
+        ),
+    ),
+    Mistake(
+        "template-volume-collides",
+        "spec.podTemplate.volumes",
+        _put("spec.podTemplate"),
+        (
+            {"volumes": [{"name": "output", "emptyDir": {}}]},
+            {"volumes": [{"name": "ssh", "secret": {"secretName": "mine"}}]},
+            {"volumes": [{"name": "d", "emptyDir": {}}, {"name": "d", "emptyDir": {}}]},
+            {"volumes": [{"name": "d", "emptyDir": {}, "secret": {"secretName": "s"}}]},
+            {"volumes": [{"name": "d"}]},
+            {"volumes": [{"name": "Data", "emptyDir": {}}]},
+        ),
+    ),
+    Mistake(
+        "template-mount-reserved-path",
+        "spec.podTemplate.volumeMounts",
+        _put("spec.podTemplate"),
+        tuple(
+            {"volumes": [{"name": "d", "emptyDir": {}}], "volumeMounts": [{"name": "d", "mountPath": path}]}
+            for path in ("/output", "/output/x", "/etc/ftjob/ssh", "/tmp", "/cache/a/b", "/dev/shm", "data", "/a/../b")
+        ),
+    ),
+    Mistake(
+        "template-mount-not-a-template-volume",
+        "spec.podTemplate.volumeMounts",
+        _put("spec.podTemplate"),
+        (
+            {"volumeMounts": [{"name": "output", "mountPath": "/results"}]},
+            {
+                "volumes": [{"name": "d", "emptyDir": {}}],
+                "volumeMounts": [{"name": "d", "mountPath": "/a"}, {"name": "d", "mountPath": "/a"}],
+            },
+        ),
+    ),
+    Mistake(
+        "template-container-collides",
+        "spec.podTemplate.initContainers",
+        _put("spec.podTemplate"),
+        (
+            {"initContainers": [{"name": "trainer"}]},
+            {"initContainers": [{"name": "wait-for-peers"}]},
+            {"initContainers": [{"name": "a"}, {"name": "a", "restartPolicy": "Always"}]},
+            {"initContainers": [{"name": "a", "restartPolicy": "OnFailure"}]},
+            {"initContainers": [{"name": "a", "volumeMounts": [{"name": "ssh", "mountPath": "/keys"}]}]},
+        ),
+    ),
+    Mistake(
+        "template-container-devices-or-env",
+        "spec.podTemplate.initContainers",
+        _put("spec.podTemplate"),
+        (
+            {"initContainers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+            {"initContainers": [{"name": "a", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}]},
+            {"initContainers": [{"name": "a", "resources": {"requests": {"memory": "lots"}}}]},
+            {"initContainers": [{"name": "a", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]},
+            {"initContainers": [{"name": "a", "env": [{"name": "FTJOB_MODE", "value": "precompile"}]}]},
+            {"initContainers": [{"name": "a", "envFrom": [{"prefix": "CUDA_", "configMapRef": {"name": "c"}}]}]},
+        ),
+    ),
+    Mistake(
+        "template-security-context",
+        "spec.podTemplate",
+        _put("spec.podTemplate"),
+        (
+            {"securityContext": {"runAsUser": 0}},
+            {"initContainers": [{"name": "a", "securityContext": {"privileged": True}}]},
+        ),
+    ),
+    Mistake("template-roles-of-another-launcher", "spec.podTemplate.roles", _other_roles, (0,)),
     # metadata, which the CRD's schema cannot constrain.
     Mistake("kueue-queue-label", "metadata.labels", _put("metadata.labels"), ({"kueue.x-k8s.io/queue-name": "q"},)),
     Mistake("bad-label-value", "metadata.labels", _put("metadata.labels"), ({"app": "bad value"}, {"app": "x\n"})),
@@ -608,14 +783,20 @@ META_VALUES: dict[str, tuple[Any, ...]] = {
 
 
 @st.composite
-def boundary_jobs(draw: st.DrawFn) -> Job:
-    """A valid job changed at one to three places to boundary values, or to values of another type."""
+def boundary_jobs(draw: st.DrawFn, under: str | None = None) -> Job:
+    """A valid job changed at one to three places to boundary values, or to values of another type. With `under`
+    (a spec field, e.g. podTemplate), only there, in a job that has the field."""
     from finetune_operator.api.schema import SPEC
 
     job = copy.deepcopy(draw(valid_jobs()))
     nodes = schema_nodes(SPEC, ("spec",))
+    if under is not None:
+        nodes = [(path, node) for path, node in nodes if path[:2] == ("spec", under)]
+        if under == "podTemplate" and "podTemplate" not in job["spec"]:
+            mpi = job["spec"].get("launcher", profiles.get(_hw(job)["profile"]).default_launcher) == "mpi"
+            job["spec"]["podTemplate"] = draw(pod_templates(mpi))
     for _ in range(draw(st.integers(1, 3))):
-        if draw(st.integers(0, 5)) == 0:
+        if under is None and draw(st.integers(0, 5)) == 0:
             key = draw(st.sampled_from(sorted(META_VALUES)))
             job["metadata"][key] = copy.deepcopy(draw(st.sampled_from(META_VALUES[key])))
             continue

@@ -19,7 +19,7 @@ import pytest
 from ftjobs import make_job
 from prometheus_client import REGISTRY
 
-from finetune_operator import controller, handlers, metrics
+from finetune_operator import controller, handlers, kueue, metrics
 from finetune_operator import reconcile as rec
 from finetune_operator.controller import Children, JobLoop, Loops, apply
 from finetune_operator.pacing import ERROR_BACKOFF_S, IDLE_REQUEUE_S, PROGRESS_EVERY_S, Pause
@@ -54,6 +54,7 @@ class FakeApi:
         self.log = ""
         self.fail_creates = False
         self.workload_patches: list[dict[str, Any]] = []
+        self.priority_classes: dict[str, dict[str, Any]] = {}
 
     def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
         self.calls.append("get_job")
@@ -106,6 +107,10 @@ class FakeApi:
     def get_resource_flavor(self, name: str) -> dict[str, Any] | None:
         self.calls.append(f"get_resource_flavor {name}")
         return {"metadata": {"name": name}, "spec": {}}
+
+    def get_priority_class(self, name: str) -> dict[str, Any] | None:
+        self.calls.append(f"get_priority_class {name}")
+        return self.priority_classes.get(name)
 
     def patch_workload_status(self, ns: str, name: str, patch: dict[str, Any]) -> None:
         self.calls.append("patch_workload_status")
@@ -1060,3 +1065,35 @@ def test_a_refused_or_invalid_job_counts_as_an_invalid_spec_failure(monkeypatch:
     w.loop.wake()
     w.step()
     assert w.api.job["status"]["reason"] == "InvalidSpec" and failures("InvalidSpec") == before + 2
+
+
+def test_a_queued_jobs_priority_class_is_read_until_its_workload_exists_then_never() -> None:
+    """spec.podTemplate.priorityClassName with a queue: the Workload carries the class's value as its priority, so
+    it is made only once the class can be read (re-read every PRIORITY_CLASS_POLL_S meanwhile); once it exists,
+    no pass reads the class again."""
+    w = World(queueName="lq")
+    w.api.job["spec"]["podTemplate"] = {"priorityClassName": "team-high"}
+    pause = w.step()
+    assert [o for o in w.api.created if o["kind"] == "Workload"] == []
+    st = w.api.job["status"]
+    assert st["phase"] == "Queued" and st["reason"] == "PriorityClassNotFound"
+    assert "spec.podTemplate.priorityClassName" in st["message"] and "team-high" in st["message"]
+    assert pause.seconds == kueue.PRIORITY_CLASS_POLL_S
+    w.api.priority_classes["team-high"] = {"metadata": {"name": "team-high"}, "value": 1000}
+    w.clock.advance(pause.seconds)
+    w.step()
+    [made] = [o for o in w.api.created if o["kind"] == "Workload"]
+    assert made["spec"]["priority"] == 1000
+    ref = {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": "team-high"}
+    assert made["spec"]["priorityClassRef"] == ref
+    assert made["spec"]["podSets"][0]["template"]["spec"]["priorityClassName"] == "team-high"
+    reads = w.api.calls.count("get_priority_class team-high")
+    assert reads >= 2  # before the class existed, and the pass that made the Workload
+    w.workloads = [admitted_workload(made)]
+    w.loop.child_event("Workload/j")
+    w.step()
+    w.running()
+    w.loop.wake()
+    w.step()
+    assert w.api.calls.count("get_priority_class team-high") == reads
+    assert all(p["spec"]["priorityClassName"] == "team-high" for p in w.api.created if p["kind"] == "Pod")

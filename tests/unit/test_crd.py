@@ -104,7 +104,7 @@ def test_every_integer_of_the_spec_is_refused_as_a_float() -> None:
 
 def test_transition_rules_make_the_spec_blocks_immutable_and_freeze_the_queue_once_admitted() -> None:
     ids = {r.id for r in all_rules() if r.transition}
-    blocks = ("hardware", "task", "launcher", "mpi", "training", "output", "compileCache", "command")
+    blocks = ("hardware", "task", "launcher", "mpi", "training", "output", "compileCache", "command", "podTemplate")
     assert ids == {f"{b}-immutable" for b in blocks} | {"queue-name-frozen-once-admitted"}
     (queue,) = [r for r in all_rules() if r.id == "queue-name-frozen-once-admitted"]
     assert queue.scope == "" and "oldSelf.status" in queue.cel  # reads the stored status: root scope
@@ -138,6 +138,9 @@ def test_migration_guide_names_only_real_fields() -> None:
     named = set(re.findall(r"`(spec(?:\.\w+)+)", MIGRATION))
     assert {"spec.command", "spec.mpi.slotsPerNode", "spec.runPolicy.queueName"} <= named
     assert named <= paths(SPEC, "spec"), sorted(named - paths(SPEC, "spec"))
+    # Every field of spec.podTemplate has its row (issue 24: what a Kubeflow user's template becomes).
+    template = paths(SPEC["properties"]["podTemplate"], "spec.podTemplate") - {"spec.podTemplate"}
+    assert template <= named, sorted(template - named)
 
 
 def test_every_pattern_and_rule_is_printable_ascii() -> None:

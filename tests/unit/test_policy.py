@@ -243,3 +243,110 @@ def test_render_applies_the_policy_with_the_job_namespace(tmp_path) -> None:
     assert r.returncode == 1 and "breaks the operator's policy" in r.stderr
     assert "spec.output.claimName 'results' is not allowed for output in namespace 'team-a'" in r.stderr
     assert "spec.runPolicy.queueName is required in namespace 'team-a'" in r.stderr
+
+
+# --- issue 24: spec.podTemplate's volume types, images, priority classes, Secrets and claims ------------------
+
+
+def templated(**template: Any) -> dict[str, Any]:
+    return job(podTemplate=template)["spec"]
+
+
+HOST = {"name": "host", "hostPath": {"path": "/var/lib"}}
+NFS = {"name": "nfs", "nfs": {"server": "10.0.0.2", "path": "/export"}}
+
+
+def test_volume_types_default_to_pod_security_restricted_ones() -> None:
+    fine = [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "fsx"}},
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "fsx", "csi": {"driver": "fsx.csi.aws.com"}},
+        {"name": "eph", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
+        {"name": "cm", "configMap": {"name": "c"}},
+    ]
+    assert violations(templated(volumes=fine), {}, "ns") == []
+    assert violations(templated(volumes=fine), {"policy": {"allowedVolumeTypes": []}}, "ns") == []
+    host, nfs = violations(templated(volumes=[HOST, NFS]), {}, "ns")
+    assert host.startswith("spec.podTemplate.volumes[0] is a hostPath volume") and "policy.allowedVolumeTypes" in host
+    assert "Pod Security restricted" in host
+    assert nfs.startswith("spec.podTemplate.volumes[1] is a nfs volume")
+    # An admin opts in, by name or glob; a list replaces the default.
+    assert violations(templated(volumes=[HOST]), {"policy": {"allowedVolumeTypes": ["*"]}}, "ns") == []
+    only = {"policy": {"allowedVolumeTypes": ["persistentVolumeClaim", "hostPath"]}}
+    (msg,) = violations(templated(volumes=[HOST, *fine[:2]]), only, "ns")
+    assert msg.startswith("spec.podTemplate.volumes[2] is a emptyDir volume") and "(the default" not in msg
+
+
+def test_sidecar_images_follow_allowed_images_unless_listed_apart() -> None:
+    spec = templated(
+        initContainers=[{"name": "sidecar", "image": "docker.io/fluent/fluent-bit:3", "restartPolicy": "Always"}]
+    )
+    (msg,) = violations(spec, POLICY, "ns")
+    assert msg.startswith("spec.podTemplate.initContainers[0].image 'docker.io/fluent/fluent-bit:3'")
+    assert "policy.allowedImages" in msg
+    own = {"policy": {**POLICY["policy"], "allowedSidecarImages": ["docker.io/fluent/*"]}}
+    assert violations(spec, own, "ns") == []
+    (msg,) = violations(spec, {"policy": {"allowedSidecarImages": ["registry.example.com/*"]}}, "ns")
+    assert "policy.allowedSidecarImages" in msg
+    # No image: the job's own, checked as spec.image is.
+    assert violations(templated(initContainers=[{"name": "prep"}]), POLICY, "ns") == []
+
+
+def test_priority_classes_are_checked_against_their_list() -> None:
+    spec = templated(priorityClassName="system-cluster-critical")
+    assert violations(spec, {}, "ns") == []
+    (msg,) = violations(spec, {"policy": {"allowedPriorityClasses": ["training-*"]}}, "ns")
+    assert msg.startswith("spec.podTemplate.priorityClassName 'system-cluster-critical'")
+    assert (
+        violations(
+            templated(priorityClassName="training-high"), {"policy": {"allowedPriorityClasses": ["training-*"]}}, "ns"
+        )
+        == []
+    )
+
+
+def test_secrets_and_claims_a_template_mounts_count_against_their_lists() -> None:
+    spec = templated(
+        volumes=[
+            {"name": "creds", "secret": {"secretName": "db-root"}},
+            {"name": "mix", "projected": {"sources": [{"configMap": {"name": "c"}}, {"secret": {"name": "aws-root"}}]}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "team-b-data"}},
+        ],
+        initContainers=[
+            {
+                "name": "prep",
+                "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}],
+                "envFrom": [{"secretRef": {"name": "more"}}],
+            }
+        ],
+    )
+    fields = [m.split(" ")[0] for m in violations(spec, POLICY, "ns")]
+    assert fields == [
+        "spec.podTemplate.initContainers[0].envFrom[0].secretRef.name",
+        "spec.podTemplate.initContainers[0].env[0].valueFrom.secretKeyRef.name",
+        "spec.podTemplate.volumes[0].secret.secretName",
+        "spec.podTemplate.volumes[1].projected.sources[1].secret.name",
+    ]
+    output = {"claims": ["results"], "purposes": ["output"]}  # the job's own output claim
+    (msg,) = violations(spec, {"policy": {"allowedClaims": [output]}}, "team-b")
+    assert msg.startswith("spec.podTemplate.volumes[2].persistentVolumeClaim.claimName 'team-b-data'")
+    for entry in ({"claims": ["team-b-*"], "purposes": ["volume"]}, {"claims": ["team-b-*"]}):
+        assert violations(spec, {"policy": {"allowedClaims": [output, entry]}}, "team-b") == []
+    # A claim allowed as an output is not a volume's.
+    entry = {"claims": ["team-b-*"], "purposes": ["output"]}
+    (msg,) = violations(spec, {"policy": {"allowedClaims": [output, entry]}}, "team-b")
+    assert "for volume" in msg
+
+
+def test_a_template_breach_fails_the_job_before_any_child() -> None:
+    plan = reconcile(job(podTemplate={"volumes": [HOST]}), Observed([], {}, datetime(2026, 12, 3)), {})
+    assert plan.create == [] and plan.status["reason"] == "PolicyViolation"
+    assert "hostPath" in plan.status["message"]
+
+
+def test_the_new_template_keys_are_known_to_the_config_check() -> None:
+    good = {"allowedVolumeTypes": ["csi"], "allowedSidecarImages": ["x/*"], "allowedPriorityClasses": ["p"]}
+    assert check_config({"policy": good}) == []
+    assert check_config({"policy": {"allowedClaims": [{"claims": ["c"], "purposes": ["volume"]}]}}) == []
+    for key in good:
+        assert any(m.startswith(f"policy.{key}: expected a list") for m in check_config({"policy": {key: "x"}}))

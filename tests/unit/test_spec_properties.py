@@ -52,7 +52,7 @@ def test_valid_jobs_are_accepted_and_render(job: dict[str, Any]) -> None:
     children = desired(validate(job), ssh_keys=KEYS)
     for pod in children.pods:
         for ctr in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
-            assert all(isinstance(e.get("value", ""), str) for e in ctr["env"])
+            assert all(isinstance(e.get("value", ""), str) for e in ctr.get("env", []))
             res = ctr.get("resources", {})
             for k, v in res.get("requests", {}).items():  # what the pod's own validation would refuse
                 if k in res.get("limits", {}):

@@ -23,6 +23,9 @@ QUANTITY_MAX_LENGTH = 64
 # DNS-1123 subdomain (object names such as ServiceAccounts, Secrets, claims; scheduler names).
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_SUBDOMAIN_MAX = 253
+# DNS-1123 label (namespaces, and in a Pod the names of containers, volumes and their mounts' volumes).
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_LABEL_MAX = 63
 # Label value (also Kueue's queue name, which becomes a label value); the empty string is a valid value.
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LABEL_VALUE_MAX = 63
@@ -53,6 +56,16 @@ S3_URL = r"^s3://[-A-Za-z0-9._]{1,255}(/|$)"
 # The Neuron compile cache (NEURON_COMPILE_CACHE_URL): such an S3 URL, or an absolute path.
 NEURON_CACHE_URL = r"^(s3://[-A-Za-z0-9._]{1,255}(/|$)|/.)"
 
+# A container's mountPath (spec.podTemplate): absolute, without '.', '..' or empty segments and without a trailing
+# '/', so that one directory has one spelling and comparing paths as strings says whether one lies under another
+# (the operator's own mount paths are reserved), and without control characters. Stricter than the Pod's own
+# rule (any non-empty string).
+_CHAR = r"[^/\x{0}-\x{1f}\x{7f}]"
+_SEGMENT = rf"([^/.\x{{0}}-\x{{1f}}\x{{7f}}]{_CHAR}*|[.][^/.\x{{0}}-\x{{1f}}\x{{7f}}]{_CHAR}*|[.][.]{_CHAR}+)"
+MOUNT_PATH = f"^(/{_SEGMENT})+$"
+# A mount's subPath, as the Pod's validation has it (validateLocalDescendingPath): relative, no '..' segment.
+SUB_PATH = f"^({_SEGMENT}|[.])(/({_SEGMENT}|[.])?)*$"
+
 # What each pattern means, for `ftjob render`'s messages (the API server quotes the pattern itself).
 PATTERN_HINTS = {
     DNS_SUBDOMAIN: "use a DNS subdomain: lower-case letters, digits, '-' and '.', starting and ending with a "
@@ -62,6 +75,10 @@ PATTERN_HINTS = {
     ENV_NAME: "use printable ASCII characters other than '='",
     CONFIG_KEY: "use letters, digits, '-', '_' and '.'",
     IMAGE: "remove the whitespace",
+    DNS_LABEL: "use a DNS label: at most 63 lower-case letters, digits and '-', starting and ending with a letter "
+    "or digit (e.g. data)",
+    MOUNT_PATH: "use an absolute path without '.', '..' or empty segments and without a trailing '/' (e.g. /data)",
+    SUB_PATH: "use a relative path without '..' segments (e.g. train/2026)",
     S3_URL: "use s3://<bucket>/<prefix> with a bucket name of letters, digits, '.', '-' and '_' "
     "(e.g. s3://my-bucket/results)",
     NEURON_CACHE_URL: "use s3://<bucket>/<prefix> (a bucket name of letters, digits, '.', '-' and '_') or an "

@@ -20,8 +20,7 @@ _MAPS = ("labels", "annotations")
 _LISTS = ("ownerReferences", "finalizers", "managedFields")
 FIELDS = (*_STRINGS, *_INTEGERS, *_TIMES, *_MAPS, *_LISTS)
 # Namespace names are DNS-1123 labels.
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_LABEL_MAX = 63
+DNS_LABEL, DNS_LABEL_MAX = f.DNS_LABEL, f.DNS_LABEL_MAX
 # apimachinery's TotalAnnotationSizeLimitB: keys and values together, in bytes.
 ANNOTATIONS_MAX_BYTES = 256 * 1024
 # RFC 3339 as Go's time.RFC3339 parses it (metav1.Time).

@@ -46,7 +46,7 @@ def _cmp(a: Any, b: Any) -> int:
     return (qa > qb) - (qa < qb)
 
 
-def _quantities_ok(m: Obj | None) -> bool:
+def quantities_ok(m: Obj | None) -> bool:
     return all(
         f.is_quantity(_q(v)) and 0 <= f.parse_quantity(_q(v)) < f.parse_quantity(QUANTITY_CEILING)
         for v in (m or {}).values()
@@ -73,7 +73,7 @@ def _extended_ok(r: Obj) -> bool:
     )
 
 
-def _requests_within_limits(r: Obj) -> bool:
+def requests_within_limits(r: Obj) -> bool:
     req, lim = r.get("requests") or {}, r.get("limits") or {}
     return all(
         k not in lim or not (f.is_quantity(_q(v)) and f.is_quantity(_q(lim[k]))) or _cmp(v, lim[k]) <= 0
@@ -81,7 +81,7 @@ def _requests_within_limits(r: Obj) -> bool:
     )
 
 
-def _valid_env(e: Obj) -> bool:
+def valid_env(e: Obj) -> bool:
     if "value" in e and "valueFrom" in e:
         return False
     src = e.get("valueFrom")
@@ -116,7 +116,7 @@ def _cel_list(items: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{i}'" for i in items) + "]"
 
 
-_ENV_CEL = (
+ENV_CEL = (
     "!(has(e.value) && has(e.valueFrom)) && (!has(e.valueFrom) || ("
     + " + ".join(f"(has(e.valueFrom.{s}) ? 1 : 0)" for s in ENV_SOURCES)
     + " == 1"
@@ -163,7 +163,7 @@ def pod_rules() -> list[Rule]:
             ".requests",
             "spec.hardware.resources.requests values must be non-negative Kubernetes quantities below 1E such as "
             "8, '7500m', '32Gi' or '2e3'; fix the value",
-            lambda r: _quantities_ok(r.get("requests")),
+            lambda r: quantities_ok(r.get("requests")),
         ),
         Rule(
             "resource-limits-quantities",
@@ -172,7 +172,7 @@ def pod_rules() -> list[Rule]:
             ".limits",
             "spec.hardware.resources.limits values must be non-negative Kubernetes quantities below 1E such as "
             "8, '7500m', '32Gi' or '2e3'; fix the value",
-            lambda r: _quantities_ok(r.get("limits")),
+            lambda r: quantities_ok(r.get("limits")),
         ),
         Rule(
             "resource-requests-within-limits",
@@ -183,7 +183,7 @@ def pod_rules() -> list[Rule]:
             ".requests",
             "spec.hardware.resources.requests must not exceed spec.hardware.resources.limits for the same "
             "resource; lower the request or raise the limit",
-            _requests_within_limits,
+            requests_within_limits,
         ),
         Rule(
             "extended-resources-limited",
@@ -222,13 +222,13 @@ def pod_rules() -> list[Rule]:
         Rule(
             "env-valid",
             "spec",
-            f"!has(self.env) || self.env.all(e, {_ENV_CEL})",
+            f"!has(self.env) || self.env.all(e, {ENV_CEL})",
             ".env",
             "each spec.env entry sets either value (a string) or valueFrom with exactly one of fieldRef "
             f"(fieldPath one of {', '.join(ENV_FIELD_PATHS)}, or metadata.labels['key'] / "
             "metadata.annotations['key']), resourceFieldRef (resource limits.cpu, requests.memory, ...; a "
             "positive divisor), configMapKeyRef or secretKeyRef",
-            lambda s: all(_valid_env(e) for e in s.get("env") or []),
+            lambda s: all(valid_env(e) for e in s.get("env") or []),
         ),
         Rule(
             "env-from-one-source",

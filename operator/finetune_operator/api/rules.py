@@ -445,6 +445,8 @@ _FROZEN_BLOCKS = {
     "output": "checkpoints and the model already written stay where the job resumes from",
     "compileCache": "config.json and the pods' cache mount are fixed at creation",
     "command": "every attempt of the job runs the same program",
+    "podTemplate": "every attempt's pods, and a queued job's Kueue Workload (its pod sets' requests, labels and "
+    "priority), are made from it",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .. import constants as c
 from . import formats as f
 
 Schema = dict[str, Any]
@@ -593,6 +594,252 @@ SECRET_KEY_REF = _o(
     required=["name"],
 )
 
+# spec.podTemplate: what a user adds to the pods the operator builds (builders/podtemplate.py), and what admission
+# keeps from overriding the operator's own (builders/podtemplate_rules.py). Bounds keep the CEL rules over these
+# lists within the API server's cost budget.
+POD_ROLES = (c.ROLE_RANK, c.ROLE_WORKER, c.ROLE_LAUNCHER)
+POD_TEMPLATE_MAX_VOLUMES = 32
+POD_TEMPLATE_MAX_MOUNTS = 32
+POD_TEMPLATE_MAX_INIT_CONTAINERS = 8
+# Annotations of a pod may hold 256 KiB (keys and values, in bytes); counted in characters, which the CEL rule
+# and `ftjob render` count alike, this bound keeps even 4-byte characters under it.
+POD_TEMPLATE_ANNOTATION_CHARS = 65536
+# Volume sources of a Pod (core/v1 Volume): each is passed through as written, checked by the API server when the
+# pods are made; which ones a job may use is the operator's policy (policy.allowedVolumeTypes).
+VOLUME_SOURCES = (
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephfs",
+    "cinder",
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "gitRepo",
+    "glusterfs",
+    "hostPath",
+    "image",
+    "iscsi",
+    "nfs",
+    "persistentVolumeClaim",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "projected",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "secret",
+    "storageos",
+    "vsphereVolume",
+)
+
+_NOT_SETTABLE_SECURITY = (
+    "Not settable: the operator sets every pod's and container's securityContext (the profile's non-root user "
+    "and group, fsGroup, seccomp RuntimeDefault, no privilege escalation, every capability dropped: what Pod "
+    "Security's restricted profile asks). Remove it; an image that needs root cannot run in the job's pods."
+)
+
+VOLUME = {
+    "type": "object",
+    "description": "A volume, as in a Pod: a name and exactly one source (persistentVolumeClaim, configMap, "
+    "secret, emptyDir, csi, ephemeral, projected, ...). The source is passed through as written and checked by "
+    "the API server when the pods are made; the operator's policy (policy.allowedVolumeTypes; default: the types "
+    "Pod Security's restricted profile allows, so no hostPath) says which sources a job may use, and Secrets and "
+    "claims named here count against policy.allowedSecrets and policy.allowedClaims.",
+    "properties": {
+        "name": _s(
+            "Volume name (a DNS label), unique in the pod; not one of the operator's own volumes (config, home, "
+            "dshm, tmp, cache, output, ssh).",
+            maxLength=f.DNS_LABEL_MAX,
+            pattern=f.DNS_LABEL,
+        ),
+        **{
+            src: _o(
+                "A PersistentVolumeClaim in the job's namespace, e.g. a static FSx for Lustre volume's claim.",
+                {
+                    "claimName": _s(
+                        "The claim's name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN
+                    ),
+                    "readOnly": _b("Mount it read-only."),
+                },
+                required=["claimName"],
+            )
+            if src == "persistentVolumeClaim"
+            else _free(
+                f"Volume source {src}, as in a Pod, passed through as written: the API server checks it when the "
+                "pods are made, and policy.allowedVolumeTypes says whether a job may use it."
+            )
+            for src in VOLUME_SOURCES
+        },
+    },
+    "required": ["name"],
+}
+
+VOLUME_MOUNT = _o(
+    "Where a volume of spec.podTemplate.volumes appears in a container.",
+    {
+        "name": _s(
+            "Name of a volume in spec.podTemplate.volumes.", minLength=1, maxLength=f.DNS_LABEL_MAX, pattern=f.DNS_LABEL
+        ),
+        "mountPath": _s(
+            "Absolute path in the container, e.g. /data; unique in the container. In the operator's containers "
+            "(spec.podTemplate.volumeMounts) not at or under a path the operator mounts: /etc/ftjob (config and "
+            "ssh keys), /home/ftjob, /dev/shm, /tmp, /cache, /output, /resume-from.",
+            maxLength=1024,
+            pattern=f.MOUNT_PATH,
+        ),
+        "subPath": _s(
+            "Mount this directory of the volume instead of its root (relative, no '..').",
+            maxLength=1024,
+            pattern=f.SUB_PATH,
+        ),
+        "readOnly": _b("Mount read-only."),
+    },
+    required=["name", "mountPath"],
+)
+
+CONTAINER = _o(
+    "An init container, or with restartPolicy Always a native sidecar (Kubernetes 1.29+), as in a Pod. It runs "
+    "with the operator's security context, only the environment it sets itself (never the job's FTJOB_* "
+    "contract, nor spec.env), and mounts only volumes of spec.podTemplate.volumes.",
+    {
+        "name": _s(
+            "Container name (a DNS label), unique in the pod; not one of the operator's containers (trainer, "
+            "sshd, launcher, wait-for-peers, precompile).",
+            minLength=1,
+            maxLength=f.DNS_LABEL_MAX,
+            pattern=f.DNS_LABEL,
+        ),
+        "image": _s(
+            "Container image. Default: the job's image (spec.image, else the profile's). The operator's policy "
+            "(policy.allowedSidecarImages, else policy.allowedImages) says which images are allowed.",
+            maxLength=1024,
+            pattern=f.IMAGE,
+        ),
+        "imagePullPolicy": _s(
+            "Image pull policy. Default: spec.imagePullPolicy.", enum=["Always", "IfNotPresent", "Never"]
+        ),
+        "command": _strlist("Entrypoint (the image's when absent)."),
+        "args": _strlist("Arguments to the entrypoint."),
+        "workingDir": _s("Working directory (the image's when absent).", maxLength=4096),
+        "restartPolicy": _s(
+            "Always: a native sidecar. It starts before the init containers after it and the main containers, "
+            "runs beside them, and is stopped when they have finished, so it never keeps a finished rank pod "
+            "alive. Absent: an init container that must complete before the next one starts.",
+            enum=["Always"],
+        ),
+        "env": {
+            "type": "array",
+            "description": "Environment of this container (as in a Pod); not FTJOB_* nor a device-visibility variable.",
+            "items": ENV_VAR,
+            "maxItems": 64,
+        },
+        "envFrom": {
+            "type": "array",
+            "description": "ConfigMaps/Secrets whose keys become environment variables of this container.",
+            "items": ENV_FROM,
+            "maxItems": 16,
+        },
+        "resources": _o(
+            "Requests and limits of cpu, memory and ephemeral-storage (no devices: those belong to the ranks). "
+            "The pod's requests grow by a sidecar's, and Kueue counts them.",
+            {
+                "requests": _quantities("Resource requests, e.g. {cpu: 100m, memory: 64Mi}."),
+                "limits": _quantities("Resource limits."),
+            },
+        ),
+        "volumeMounts": {
+            "type": "array",
+            "description": "Volumes of spec.podTemplate.volumes to mount (any path).",
+            "items": VOLUME_MOUNT,
+            "maxItems": POD_TEMPLATE_MAX_MOUNTS,
+        },
+        "securityContext": _free(_NOT_SETTABLE_SECURITY),
+    },
+    required=["name"],
+)
+
+POD_TEMPLATE = _o(
+    "What to add to the pods the operator builds (Kubeflow's pod template overrides, within what the operator "
+    "derives): labels, annotations and a priority class on every pod; volumes, their mounts and init or sidecar "
+    "containers on the pods of `roles`. What the operator sets stays its own: its labels (app.kubernetes.io/name, "
+    "instance, managed-by, part-of, component and every finetune.dev/ key), its volumes, mount paths, container "
+    "names, environment, device resources and security context; admission refuses a template that would "
+    "override them. Immutable after creation.",
+    {
+        "metadata": _o(
+            "Labels and annotations for every pod of the job (the MPI launcher too) and for the pod sets of its "
+            "Kueue Workload.",
+            {
+                "labels": {
+                    "type": "object",
+                    "description": "Labels, e.g. {team: nlp}. Not the operator's own keys, nor any finetune.dev/ or "
+                    "kueue.x-k8s.io/ key (the operator queues the job through spec.runPolicy.queueName, and "
+                    "Kueue's labels on the pods would queue them a second time).",
+                    "additionalProperties": _s("Label value.", maxLength=f.LABEL_VALUE_MAX, pattern=f.LABEL_VALUE),
+                    "maxProperties": 64,
+                },
+                "annotations": {
+                    "type": "object",
+                    "description": "Annotations, e.g. {karpenter.sh/do-not-disrupt: 'true'} (keep nodes from "
+                    "being consolidated under a running job). Not any finetune.dev/ or kueue.x-k8s.io/ key; at "
+                    f"most {POD_TEMPLATE_ANNOTATION_CHARS} characters in all, keys and values.",
+                    "additionalProperties": {"type": "string", "maxLength": POD_TEMPLATE_ANNOTATION_CHARS},
+                    "maxProperties": 64,
+                },
+            },
+        ),
+        "priorityClassName": _s(
+            "PriorityClass of every pod of the job (the scheduler's preemption order). With "
+            "spec.runPolicy.queueName it is also the Kueue Workload's priority (priorityClassRef and priority, "
+            "read from the PriorityClass when the Workload is made), as Kueue's own integrations take it from "
+            "the pod template. The class must exist. A DNS subdomain.",
+            maxLength=f.DNS_SUBDOMAIN_MAX,
+            pattern=f.DNS_SUBDOMAIN,
+        ),
+        "roles": {
+            "type": "array",
+            "description": "Which pods get volumes, volumeMounts and initContainers: rank (torchrun's pods), "
+            "worker (MPI's rank pods) and launcher (the MPI launcher, which runs mpirun and holds no rank). "
+            "Default: the pods that hold ranks (rank, or worker). Labels, annotations and priorityClassName "
+            "always go to every pod.",
+            "items": _s("A pod role.", enum=list(POD_ROLES)),
+            "minItems": 1,
+            "maxItems": len(POD_ROLES),
+        },
+        "volumes": {
+            "type": "array",
+            "description": "Volumes added to the pods of `roles`, e.g. a dataset on FSx for Lustre "
+            "({name: data, persistentVolumeClaim: {claimName: fsx-datasets, readOnly: true}}).",
+            "items": VOLUME,
+            "maxItems": POD_TEMPLATE_MAX_VOLUMES,
+        },
+        "volumeMounts": {
+            "type": "array",
+            "description": "Mounts of spec.podTemplate.volumes added to every container the operator runs in the "
+            "pods of `roles` (trainer, sshd or launcher, and the wait-for-peers and precompile init containers), "
+            "e.g. {name: data, mountPath: /data, readOnly: true}.",
+            "items": VOLUME_MOUNT,
+            "maxItems": POD_TEMPLATE_MAX_MOUNTS,
+        },
+        "initContainers": {
+            "type": "array",
+            "description": "Init containers and native sidecars (restartPolicy: Always) of the pods of `roles`, in "
+            "this order before the operator's own init containers (wait-for-peers, precompile): data "
+            "preparation and sidecars are in place before the operator's first step.",
+            "items": CONTAINER,
+            "maxItems": POD_TEMPLATE_MAX_INIT_CONTAINERS,
+        },
+        "securityContext": _free(_NOT_SETTABLE_SECURITY),
+    },
+)
+
 SPEC = _o(
     "Desired state of a fine-tuning job.",
     {
@@ -639,6 +886,7 @@ SPEC = _o(
             "maxItems": 32,
         },
         "hfTokenSecretRef": SECRET_KEY_REF,
+        "podTemplate": POD_TEMPLATE,
         "runPolicy": RUN_POLICY,
     },
     required=["hardware"],

@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import constants as c
 from ..api.schema import CACHE_FOLDER
+from . import podtemplate as pod_template
 from .env import command_env, container_env, resume_from_sub_path
 from .flavors import Placement, place
 from .layout import Layout
@@ -182,7 +183,7 @@ def _pod(
         del pod_spec["initContainers"]
     if spec.get("serviceAccountName"):
         pod_spec["serviceAccountName"] = spec["serviceAccountName"]
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -193,6 +194,7 @@ def _pod(
         },
         "spec": pod_spec,
     }
+    return pod_template.apply(pod, job, role, image)  # spec.podTemplate's additions (builders/podtemplate.py)
 
 
 def _resources(layout: Layout) -> dict[str, Any]:

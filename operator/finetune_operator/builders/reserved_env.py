@@ -42,11 +42,12 @@ DEVICE_ENV = (
     "NVIDIA_MIG_MONITOR_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
 )
-_KEYS = SshKeys("k", "k.pub", "h", "h.pub")
+SHAPE_KEYS = SshKeys("k", "k.pub", "h", "h.pub")  # render the shapes' MPI pods (their Secret's content is moot)
 
 
-def _shapes(profile: str) -> list[dict[str, Any]]:
-    """Jobs of every shape on `profile`: what differs between them is which variables the builders set."""
+def shapes(profile: str) -> list[dict[str, Any]]:
+    """Jobs of every shape on `profile`: what differs between them is which variables the builders set (and,
+    for podtemplate_rules.py, which labels, volumes, mounts and containers)."""
     p = profiles.get(profile)
     multi = [i for i in p.instance_types.values() if i.efa] or list(p.instance_types.values())
     instances = [None, *(i.name for i in multi[:1])]
@@ -78,8 +79,8 @@ def reserved_env() -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for profile in PROFILES:
         names: set[str] = set()
-        for job in _shapes(profile):
-            for pod in desired(job, ssh_keys=_KEYS).pods:
+        for job in shapes(profile):
+            for pod in desired(job, ssh_keys=SHAPE_KEYS).pods:
                 for ctr in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
                     names.update(e["name"] for e in ctr.get("env", []))
         out[profile] = tuple(sorted(n for n in names if not n.startswith(RESERVED_PREFIX)))
