@@ -109,9 +109,9 @@ class TokenCounter:
         mask = kwargs.get("attention_mask")
         if mask is None:  # no mask: the model attends to every token, all of them real
             self.interval.real += batch * length
-        elif mask.device.type == "cpu":
+        elif mask.is_cpu:
             self.interval.real += int(mask.sum())
-        elif mask.device.type == "cuda":
+        elif mask.is_cuda:  # summed on the device; read once per take, not per step
             s = mask.sum()
             self._pending = s if self._pending is None else self._pending + s
         else:
