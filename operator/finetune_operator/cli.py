@@ -74,6 +74,25 @@ def load_jobs(path: str) -> list[dict[str, Any]]:
     return docs
 
 
+def _print_invalid(name: object, error: InvalidSpec) -> None:
+    print(f"error: FineTuneJob {name!r} is invalid:", file=sys.stderr)
+    for err in error.errors:
+        print(f"  {err}", file=sys.stderr)
+
+
+def _one_valid_job(filename: str, command: str) -> dict[str, Any] | None:
+    """The one FineTuneJob of a file, validated; None after printing why it is invalid."""
+    jobs = load_jobs(filename)
+    if len(jobs) != 1:
+        raise SystemExit(f"error: ftjob {command} takes exactly one FineTuneJob")
+    try:
+        return validate(jobs[0])
+    except InvalidSpec as e:
+        meta = jobs[0].get("metadata")
+        _print_invalid(meta.get("name") if isinstance(meta, dict) else None, e)
+        return None
+
+
 def load_config(path: str | None) -> dict[str, Any]:
     """Operator configuration (the chart's ConfigMap): `images: {registry, tag}` (the profiles' default images,
     builders/images.py), `networkPolicy: {enabled: bool, extraIngress: [NetworkPolicyIngressRule]}`,
@@ -118,9 +137,7 @@ def _render(args: argparse.Namespace) -> int:
             job = validate(raw)
         except InvalidSpec as e:
             failed = True
-            print(f"error: FineTuneJob {name!r} is invalid:", file=sys.stderr)
-            for err in e.errors:
-                print(f"  {err}", file=sys.stderr)
+            _print_invalid(name, e)
             continue
         broken = violations(job["spec"], config, job["metadata"].get("namespace") or "default")
         if broken:
@@ -215,17 +232,8 @@ def _operator(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from .local import run_local
 
-    jobs = load_jobs(args.filename)
-    if len(jobs) != 1:
-        raise SystemExit("error: ftjob run takes exactly one FineTuneJob")
-    try:
-        job = validate(jobs[0])
-    except InvalidSpec as e:
-        meta = jobs[0].get("metadata")
-        name = meta.get("name") if isinstance(meta, dict) else None
-        print(f"error: FineTuneJob {name!r} is invalid:", file=sys.stderr)
-        for err in e.errors:
-            print(f"  {err}", file=sys.stderr)
+    job = _one_valid_job(args.filename, "run")
+    if job is None:
         return 1
     return run_local(
         job,
@@ -281,17 +289,8 @@ def _estimate(args: argparse.Namespace) -> int:
     if not args.filename:
         print("error: ftjob estimate needs -f job.yaml (or --leave-one-out)", file=sys.stderr)
         return 2
-    jobs = load_jobs(args.filename)
-    if len(jobs) != 1:
-        raise SystemExit("error: ftjob estimate takes exactly one FineTuneJob")
-    try:
-        job = validate(jobs[0])
-    except InvalidSpec as e:
-        meta = jobs[0].get("metadata")
-        name = meta.get("name") if isinstance(meta, dict) else None
-        print(f"error: FineTuneJob {name!r} is invalid:", file=sys.stderr)
-        for err in e.errors:
-            print(f"  {err}", file=sys.stderr)
+    job = _one_valid_job(args.filename, "estimate")
+    if job is None:
         return 1
     model_config = None
     if args.model_config:

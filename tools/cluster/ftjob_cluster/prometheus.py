@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ftjob_cluster import bins
-from ftjob_cluster.localcluster import _die_with_parent, _terminate_group, free_port
+from ftjob_cluster.localcluster import _die_with_parent, _tail, _terminate_group, free_port
 
 
 class PrometheusError(RuntimeError):
@@ -176,10 +176,7 @@ class Prometheus:
         return list(self.api("targets")["activeTargets"])
 
     def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return _tail(self.log_path, lines)
 
     def stop(self) -> None:
         if self.process is not None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ftjob_cluster import bins, pki
-from ftjob_cluster.localcluster import _die_with_parent, _terminate_group, free_port
+from ftjob_cluster.localcluster import _die_with_parent, _tail, _terminate_group, free_port
 
 DEFAULT_USER = "ftjob"
 REALM = "ftjob-registry"
@@ -234,10 +234,7 @@ class Registry:
             time.sleep(0.2)
 
     def _tail(self) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
-        except OSError:
-            return "(no log)"
+        return _tail(self.log_path, 30)
 
     def stop(self) -> None:
         if self.process is not None:
