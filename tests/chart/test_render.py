@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chartlib import CHART, NAMESPACE, RELEASE, REPO, Manifest, Renderer, Values, find, identities, one
+from chartlib import CHART, NAMESPACE, RELEASE, REPO, Manifest, Renderer, Values, find, identities, load_all, one
 
 from finetune_operator import cli, profiles
 
@@ -106,6 +106,7 @@ def test_default_render_has_exactly_the_operator_objects(render: Renderer) -> No
         ("ClusterRoleBinding", "", "finetune-operator"),
         ("ClusterRoleBinding", "", "finetune-operator-cluster"),
         ("ConfigMap", NAMESPACE, "finetune-operator-config"),
+        ("CustomResourceDefinition", "", "finetunejobs.finetune.dev"),
         ("Deployment", NAMESPACE, "finetune-operator"),
         ("Role", NAMESPACE, LEASE_ROLE),
         ("RoleBinding", NAMESPACE, LEASE_ROLE),
@@ -114,6 +115,34 @@ def test_default_render_has_exactly_the_operator_objects(render: Renderer) -> No
         ("ValidatingAdmissionPolicy", "", "finetunejobs.finetune.dev"),
         ("ValidatingAdmissionPolicyBinding", "", "finetunejobs.finetune.dev"),
     ]
+
+
+def test_crd_is_a_template_equal_to_the_generated_one_and_kept_on_uninstall(render: Renderer) -> None:
+    """The CRD is rendered (so `helm upgrade` applies it) from crd/finetunejobs.yaml, unchanged but for the
+    keep annotation: `helm uninstall` leaves it, and with it the users' FineTuneJobs."""
+    generated = load_all((CHART / "crd" / "finetunejobs.yaml").read_text())[0]
+    crd = one(render(), "CustomResourceDefinition", "finetunejobs.finetune.dev")
+    assert crd["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    assert crd == generated
+    # The admission policy comes and goes with the release: nothing of it is kept.
+    for policy in (o for o in render() if o["kind"].startswith("ValidatingAdmissionPolicy")):
+        assert "helm.sh/resource-policy" not in policy["metadata"].get("annotations", {})
+
+
+def test_crds_keep_false_lets_uninstall_delete_the_crd(render: Renderer) -> None:
+    crd = one(render(Values().set({"crds": {"keep": False}})), "CustomResourceDefinition")
+    assert "annotations" not in crd["metadata"]
+
+
+def test_crds_install_false_leaves_crd_and_policy_out(render: Renderer) -> None:
+    kinds = {o["kind"] for o in render(Values().set({"crds": {"install": False}}))}
+    assert not kinds & {"CustomResourceDefinition", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert "Deployment" in kinds
+
+
+def test_chart_has_no_crds_folder() -> None:
+    """Helm installs crds/ once and never upgrades it (nor deletes it): the CRD must stay a template."""
+    assert not (CHART / "crds").exists()
 
 
 def test_deployment_meets_restricted_pod_security(render: Renderer) -> None:

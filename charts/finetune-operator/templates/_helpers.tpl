@@ -158,3 +158,17 @@ preferredDuringSchedulingIgnoredDuringExecution:
         matchLabels:
           {{- include "finetune-operator.selectorLabels" . | nindent 10 }}
 {{- end }}
+
+{{/*
+crds.install and crds.keep, true unless set: `helm upgrade --reuse-values` from a chart without them (the crds/
+layout) renders with the old release's values, where they are missing. "true" or "".
+*/}}
+{{- define "finetune-operator.crds.install" -}}
+{{- $crds := .Values.crds | default dict }}
+{{- if or (not (hasKey $crds "install")) $crds.install }}true{{ end }}
+{{- end }}
+
+{{- define "finetune-operator.crds.keep" -}}
+{{- $crds := .Values.crds | default dict }}
+{{- if or (not (hasKey $crds "keep")) $crds.keep }}true{{ end }}
+{{- end }}
