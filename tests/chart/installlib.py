@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from chartlib import CHART
+from chartlib import CHART, Yaml12Loader
 
 from ftjob_cluster.localcluster import wait_for
 
@@ -55,7 +55,8 @@ class Kubectl:
             if "NotFound" in proc.stderr or "not found" in proc.stderr:
                 return None
             raise AssertionError(f"kubectl get {' '.join(args)} failed:\n{proc.stderr}")
-        return yaml.safe_load(proc.stdout)
+        # YAML 1.2, as kubectl wrote it: a CRD default such as 5e-05 is a number, not a string.
+        return yaml.load(proc.stdout, Loader=Yaml12Loader)
 
 
 def free_port() -> int:
