@@ -248,6 +248,42 @@ def test_operator_composes_the_chart_registry_and_tag_with_each_profile(
         }
 
 
+DIGEST = "sha256:" + "5e" * 32
+
+
+def test_operator_image_by_digest_when_set_else_by_tag(render: Renderer) -> None:
+    """A released chart names the operator image by digest (no push can change it); by hand, by tag."""
+    image = {"repository": "registry.example:5000/ft/finetune-operator/operator", "tag": "ignored", "digest": DIGEST}
+    container = operator_deployment(render(Values().set({"operator": {"image": image}})))["spec"]["template"]
+    assert (
+        container["spec"]["containers"][0]["image"] == f"registry.example:5000/ft/finetune-operator/operator@{DIGEST}"
+    )
+    by_tag = operator_deployment(render(Values().set({"operator": {"image": {"tag": "1.2.3"}}})))
+    assert by_tag["spec"]["template"]["spec"]["containers"][0]["image"] == "finetune-operator/operator:1.2.3"
+
+
+def test_runtime_digests_pin_their_profiles_images_and_the_rest_keep_the_tag(render: Renderer, tmp_path: Any) -> None:
+    """runtimeImages.digests (a released chart's) reaches the operator's config, and the operator runs each
+    pinned repository by digest: the image `ftjob render --config` shows."""
+    from ftjobs import make_job
+
+    from finetune_operator.admission import validate
+    from finetune_operator.builders import desired
+    from finetune_operator.cli import load_config
+
+    runtime = {"registry": "registry.example:5000/ft", "tag": "9.9.9", "digests": {"finetune-operator/cpu": DIGEST}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(operator_config(render(Values().set({"runtimeImages": runtime})))))
+    config = load_config(str(path))
+    for profile in profiles.load_all().values():
+        job = validate(make_job().profile(profile.name).classification().build())
+        pods = desired(job, images=config.get("images")).pods
+        expected = f"registry.example:5000/ft/{profile.image_repository}" + (
+            f"@{DIGEST}" if profile.image_repository == "finetune-operator/cpu" else ":9.9.9"
+        )
+        assert {c["image"] for p in pods for c in p["spec"]["containers"]} == {expected}, profile.name
+
+
 def test_config_change_rolls_the_operator_pod(render: Renderer) -> None:
     def checksum(objs: list[Manifest]) -> str:
         return str(operator_deployment(objs)["spec"]["template"]["metadata"]["annotations"]["checksum/config"])

@@ -59,8 +59,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+The operator image: repository@digest when a digest is set (a released chart: no push can change it), else
+repository:tag.
+*/}}
 {{- define "finetune-operator.image" -}}
+{{- with .Values.operator.image.digest }}
+{{- printf "%s@%s" $.Values.operator.image.repository . }}
+{{- else }}
 {{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/*
