@@ -47,3 +47,21 @@ test-images: setup k8s-bins lint-images image-cpu image-operator ## Images tier:
 	  $(PY) -m pytest -q tests/images
 
 TEST_TIERS += test-images
+
+# The release (hack/release.py, images/README.md "Release"): every image this machine can build, for PLATFORM,
+# pushed to REGISTRY by digest, and the chart with those digests as its defaults pushed to oci://REGISTRY/charts;
+# what was pushed is recorded in _out/release/VERSION/release.json. The version is the VERSION file's: to
+# release another one, edit VERSION and run `make generate` (hack/version.py stamps the chart and manifests),
+# so VERSION= on the command line is refused rather than half applied. RELEASE_IMAGES picks flavors (the
+# operator always); xeon and neuron need vendor repositories and are skipped unless RELEASE_ALL=1.
+RELEASE_IMAGES ?= operator,cpu,nvidia,xeon-upstream,xeon,neuron
+RELEASE_CA_FILE ?=
+.PHONY: release
+release: setup images-docker ## Build and push the images (by digest) and the chart of VERSION: make release REGISTRY=host[:port][/prefix]
+ifeq ($(origin VERSION),command line)
+	$(error VERSION=$(VERSION): a release is the VERSION file's version; edit VERSION, run `make generate` and commit, then `make release`)
+endif
+	@test -n "$(REGISTRY)" || { echo "REGISTRY=host[:port][/prefix] is required (docker login and helm registry login to it first)" >&2; exit 2; }
+	$(PY) hack/release.py release --registry "$(REGISTRY)" --images "$(RELEASE_IMAGES)" --platform "$(PLATFORM)" \
+	  --helm "$$(tools/cluster/bin/ftjob-tool helm)" $(if $(RELEASE_CA_FILE),--ca-file "$(RELEASE_CA_FILE)") \
+	  $(if $(filter 1,$(RELEASE_ALL)),--all)
