@@ -258,8 +258,8 @@ def test_operator_image_by_digest_when_set_else_by_tag(render: Renderer) -> None
     assert (
         container["spec"]["containers"][0]["image"] == f"registry.example:5000/ft/finetune-operator/operator@{DIGEST}"
     )
-    by_tag = operator_deployment(render(Values().set({"operator": {"image": {"tag": "1.2.3"}}})))
-    assert by_tag["spec"]["template"]["spec"]["containers"][0]["image"] == "finetune-operator/operator:1.2.3"
+    by_tag = operator_deployment(render(Values().set({"operator": {"image": {"tag": "handbuilt"}}})))
+    assert by_tag["spec"]["template"]["spec"]["containers"][0]["image"] == "finetune-operator/operator:handbuilt"
 
 
 def test_runtime_digests_pin_their_profiles_images_and_the_rest_keep_the_tag(render: Renderer, tmp_path: Any) -> None:

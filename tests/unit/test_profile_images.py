@@ -57,10 +57,11 @@ DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 
 def test_a_digest_pins_its_repository_and_the_others_keep_the_tag() -> None:
-    images = {"registry": "registry.example:5000/ft", "tag": "9.9.9", "digests": {"finetune-operator/cpu": DIGEST}}
+    images = {"registry": "registry.example:5000/ft", "tag": "handbuilt", "digests": {"finetune-operator/cpu": DIGEST}}
     assert default_image("finetune-operator/cpu", images) == f"registry.example:5000/ft/finetune-operator/cpu@{DIGEST}"
     assert (
-        default_image("finetune-operator/nvidia", images) == "registry.example:5000/ft/finetune-operator/nvidia:9.9.9"
+        default_image("finetune-operator/nvidia", images)
+        == "registry.example:5000/ft/finetune-operator/nvidia:handbuilt"
     )
     assert default_image("finetune-operator/cpu", {"digests": {"finetune-operator/cpu": DIGEST}}) == (
         f"finetune-operator/cpu@{DIGEST}"
