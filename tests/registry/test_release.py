@@ -43,7 +43,11 @@ def test_release_pushes_the_operator_and_a_chart_that_names_it_by_digest(
     helm_bin = str(bins.ensure_binary("helm"))
     cmd = [sys.executable, str(ROOT / "hack" / "release.py"), "release", "--registry", target, "--images", "operator"]
     cmd += ["--helm", helm_bin, "--ca-file", ca, "--out", str(out), "--docker", docker.binary]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**docker.env, **helm.env}, timeout=1800)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**docker.env, **helm.env}, timeout=1800)
+    finally:
+        # The release tags the image with the registry's name to push it; that name dies with this registry.
+        docker.run("rmi", f"{target}/{OPERATOR}:{VERSION}", check=False)
     assert proc.returncode == 0, proc.stderr[-6000:]
 
     record = json.loads((out / VERSION / "release.json").read_text())
