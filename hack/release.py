@@ -17,6 +17,7 @@ See images/README.md ("Release") and charts/finetune-operator/README.md ("Upgrad
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -82,10 +83,12 @@ OPERATOR_REPOSITORY = "finetune-operator/operator"
 
 
 def read_version(root: Path = ROOT) -> str:
-    sys.path.insert(0, str(root / "hack"))
-    from version import read_version as read
-
-    return read(root / "VERSION")
+    """VERSION, checked by hack/version.py (the one generator of the version), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("ftjob_version", root / "hack" / "version.py")
+    assert spec is not None and spec.loader is not None
+    version = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(version)
+    return str(version.read_version(root / "VERSION"))
 
 
 def run(cmd: list[str], **kw: object) -> str:
