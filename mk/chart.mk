@@ -1,7 +1,8 @@
 # Helm chart, kustomize manifests and the EKS guide (charts/finetune-operator, manifests/, docs/eks.md).
 CHART_DIR := charts/finetune-operator
-CRD_COPIES := $(CHART_DIR)/crds/finetunejobs.yaml manifests/crd/finetunejobs.yaml
-# The ValidatingAdmissionPolicy beside the CRD: a chart template reads it (Helm's crds/ takes CRDs only).
+# The chart's copies are read by its templates (templates/crd.yaml, templates/admission-policy.yaml), not put in
+# crds/, so `helm upgrade` updates them (charts/finetune-operator/README.md, "Upgrade").
+CRD_COPIES := $(CHART_DIR)/crd/finetunejobs.yaml manifests/crd/finetunejobs.yaml
 POLICY_COPIES := $(CHART_DIR)/admission/finetunejobs-policy.yaml manifests/crd/finetunejobs-policy.yaml
 
 .PHONY: generate generate-estimate-doc generate-crds generate-version generate-api-docs test-chart test-chart-install chart-lint
@@ -14,9 +15,9 @@ generate-api-docs: setup ## Write docs/api.md from the schema and rules (`ftjob 
 
 generate-crds: setup ## Copy `ftjob crd` and `ftjob admission-policy` into the chart and manifests/crd/
 	@mkdir -p $(dir $(CRD_COPIES)) $(dir $(POLICY_COPIES))
-	$(VENV)/bin/ftjob crd > $(CHART_DIR)/crds/.finetunejobs.yaml.new
-	@for f in $(CRD_COPIES); do cp $(CHART_DIR)/crds/.finetunejobs.yaml.new $$f; done
-	@rm -f $(CHART_DIR)/crds/.finetunejobs.yaml.new
+	$(VENV)/bin/ftjob crd > $(CHART_DIR)/crd/.finetunejobs.yaml.new
+	@for f in $(CRD_COPIES); do cp $(CHART_DIR)/crd/.finetunejobs.yaml.new $$f; done
+	@rm -f $(CHART_DIR)/crd/.finetunejobs.yaml.new
 	$(VENV)/bin/ftjob admission-policy > $(CHART_DIR)/admission/.policy.yaml.new
 	@for f in $(POLICY_COPIES); do cp $(CHART_DIR)/admission/.policy.yaml.new $$f; done
 	@rm -f $(CHART_DIR)/admission/.policy.yaml.new

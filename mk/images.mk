@@ -6,7 +6,10 @@
 # built image is the one a job or the chart pulls.
 IMAGE_TAG ?= $(shell cat $(ROOT)/VERSION)
 OPERATOR_IMAGE_TAG ?= $(IMAGE_TAG)
-IMAGES_DOCKER := /usr/bin/docker
+# Every build names its platform (build.sh --platform), so the architecture never follows the host's (an arm64
+# laptop builds the amd64 images a cluster runs, under emulation); PLATFORM=linux/arm64 for the other one.
+# build.sh finds a Docker CLI that builds with BuildKit (images/scripts/docker.sh); DOCKER= picks one.
+PLATFORM ?= linux/amd64
 IMAGES_FLAVORS := cpu nvidia xeon xeon-upstream neuron
 IMAGES_DOCKERFILES := $(wildcard images/*/Dockerfile)
 IMAGES_SCRIPTS := $(wildcard images/*/*.sh)
@@ -18,11 +21,11 @@ images-docker: ## Install Docker (docker.io) + debootstrap from Debian and start
 	images/scripts/dockerd-up.sh
 
 image-base: images-docker ## Shared base images finetune-operator/{base,runtime-base,builder}:bookworm (every image builds them first anyway)
-	images/scripts/build.sh base
+	PLATFORM=$(PLATFORM) images/scripts/build.sh base
 
 # Each flavor: images/scripts/build.sh picks the offline base and the torch index this machine can reach.
 $(addprefix image-,$(IMAGES_FLAVORS)): image-%: images-docker
-	IMAGE_TAG=$(IMAGE_TAG) images/scripts/build.sh $*
+	PLATFORM=$(PLATFORM) IMAGE_TAG=$(IMAGE_TAG) images/scripts/build.sh $*
 
 image-cpu: ## Build finetune-operator/cpu (plain CPU: the image the local cluster and CI run)
 image-nvidia: ## Build finetune-operator/nvidia (CUDA torch)
@@ -31,7 +34,7 @@ image-xeon-upstream: ## Build finetune-operator/xeon-upstream (current torch, AM
 image-neuron: ## Build finetune-operator/neuron (Neuron SDK 2.31; needs the Neuron apt/pip repos and an Ubuntu 24.04 base)
 
 image-operator: images-docker ## Build finetune-operator/operator (the operator itself: kopf, no torch; the chart's default image)
-	IMAGE_TAG=$(OPERATOR_IMAGE_TAG) images/scripts/build.sh operator
+	PLATFORM=$(PLATFORM) IMAGE_TAG=$(OPERATOR_IMAGE_TAG) images/scripts/build.sh operator
 
 images: $(addprefix image-,$(IMAGES_FLAVORS)) image-operator ## Build every image (neuron and xeon need their vendor repos)
 
@@ -44,3 +47,21 @@ test-images: setup k8s-bins lint-images image-cpu image-operator ## Images tier:
 	  $(PY) -m pytest -q tests/images
 
 TEST_TIERS += test-images
+
+# The release (hack/release.py, images/README.md "Release"): every image this machine can build, for PLATFORM,
+# pushed to REGISTRY by digest, and the chart with those digests as its defaults pushed to oci://REGISTRY/charts;
+# what was pushed is recorded in _out/release/VERSION/release.json. The version is the VERSION file's: to
+# release another one, edit VERSION and run `make generate` (hack/version.py stamps the chart and manifests),
+# so VERSION= on the command line is refused rather than half applied. RELEASE_IMAGES picks flavors (the
+# operator always); xeon and neuron need vendor repositories and are skipped unless RELEASE_ALL=1.
+RELEASE_IMAGES ?= operator,cpu,nvidia,xeon-upstream,xeon,neuron
+RELEASE_CA_FILE ?=
+.PHONY: release
+release: setup images-docker ## Build and push the images (by digest) and the chart of VERSION: make release REGISTRY=host[:port][/prefix]
+ifeq ($(origin VERSION),command line)
+	$(error VERSION=$(VERSION): a release is the VERSION file's version; edit VERSION, run `make generate` and commit, then `make release`)
+endif
+	@test -n "$(REGISTRY)" || { echo "REGISTRY=host[:port][/prefix] is required (docker login and helm registry login to it first)" >&2; exit 2; }
+	$(PY) hack/release.py release --registry "$(REGISTRY)" --images "$(RELEASE_IMAGES)" --platform "$(PLATFORM)" \
+	  --helm "$$(tools/cluster/bin/ftjob-tool helm)" $(if $(RELEASE_CA_FILE),--ca-file "$(RELEASE_CA_FILE)") \
+	  $(if $(filter 1,$(RELEASE_ALL)),--all)

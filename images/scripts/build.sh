@@ -4,7 +4,13 @@
 # Every flavor is a thin FROM of the shared base (images/base/Dockerfile): its targets are built and tagged first,
 # as finetune-operator/{base,runtime-base,builder}:SUITE (SUITE: bookworm, or noble for neuron), and the flavor
 # names them through its RUNTIME_BASE/BASE and BUILDER build args. Unchanged, they rebuild from cache in seconds.
+# Docker: the first CLI that builds with BuildKit (images/scripts/docker.sh; DOCKER= picks one).
 # Environment:
+#   PLATFORM         linux/amd64 (default) or linux/arm64, passed to every build as --platform, so the image's
+#                    architecture never depends on the host's. The shared base images of linux/arm64 are tagged
+#                    SUITE-arm64 (finetune-operator/base:bookworm-arm64), those of linux/amd64 SUITE. A platform
+#                    that is not the daemon's own needs emulation (images/scripts/platform-check.sh says why
+#                    and refuses it otherwise)
 #   IMAGE_TAG        tag; the image is finetune-operator/FLAVOR:IMAGE_TAG. Default: the repository's VERSION,
 #                    the operator's default runtime image tag and the chart's appVersion
 #   BASE_IMAGE       what the shared base starts from (default debian:bookworm-slim, ubuntu:24.04 for neuron);
@@ -20,7 +26,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-DOCKER=${DOCKER:-/usr/bin/docker}
+# shellcheck source=images/scripts/docker.sh
+source "$here/docker.sh"
+platform=${PLATFORM:-linux/amd64}
+arch_suffix=$(ftjob_docker_platform "$platform")
+"$here/platform-check.sh" "$platform"
 flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron|operator|base [docker build args...]}
 shift
 tag=${IMAGE_TAG:-$(cat "$root/VERSION")}
@@ -49,7 +59,17 @@ if [ -z "${BASE_IMAGE:-}" ]; then
   if [ "$offline" = 1 ]; then
     case "$flavor" in
       neuron) echo "neuron needs an Ubuntu 24.04 base: set BASE_IMAGE (no registry reachable)" >&2; exit 2 ;;
-      *) "$here/base-image.sh" finetune-operator/debian-base:bookworm; BASE_IMAGE=finetune-operator/debian-base:bookworm ;;
+      *)
+        # base-image.sh debootstraps the host's architecture: another one's second stage would run its binaries
+        # under emulation, and that script's hash labels the image, so a change to it rebuilds every image.
+        if [ "$platform" != linux/amd64 ]; then
+          echo "$platform with no registry reachable: set BASE_IMAGE to a Debian bookworm image of $platform" \
+            "(the offline base, images/scripts/base-image.sh, is built for linux/amd64 only)" >&2
+          exit 2
+        fi
+        "$here/base-image.sh" finetune-operator/debian-base:bookworm
+        BASE_IMAGE=finetune-operator/debian-base:bookworm
+        ;;
     esac
   fi
 fi
@@ -88,15 +108,15 @@ start=$SECONDS
 # The shared base first: each target an image of its own, so a flavor's FROM finds it in the local image store.
 for target in base runtime-base builder; do
   if [ "$flavor" = operator ] && [ "$target" = runtime-base ]; then continue; fi
-  DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f images/base/Dockerfile --target "$target" \
-    "${base_args[@]}" "${secret[@]}" -t "finetune-operator/$target:$suite" .
+  "${DOCKER_BUILD[@]}" --progress=plain --platform "$platform" -f images/base/Dockerfile --target "$target" \
+    "${base_args[@]}" "${secret[@]}" -t "finetune-operator/$target:$suite$arch_suffix" .
 done
-echo "built the shared base (finetune-operator/{base,runtime-base,builder}:$suite) in $((SECONDS - start))s"
+echo "built the shared base (finetune-operator/{base,runtime-base,builder}:$suite$arch_suffix, $platform) in $((SECONDS - start))s"
 if [ "$flavor" = base ]; then exit 0; fi
-base_tag=finetune-operator/base:$suite
-if [ "$from_arg" = RUNTIME_BASE ]; then base_tag=finetune-operator/runtime-base:$suite; fi
-DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$dockerfile" "${stack[@]}" "${args[@]}" "${secret[@]}" \
-  --build-arg "$from_arg=$base_tag" --build-arg "BUILDER=finetune-operator/builder:$suite" \
+base_tag=finetune-operator/base:$suite$arch_suffix
+if [ "$from_arg" = RUNTIME_BASE ]; then base_tag=finetune-operator/runtime-base:$suite$arch_suffix; fi
+"${DOCKER_BUILD[@]}" --progress=plain --platform "$platform" -f "$dockerfile" "${stack[@]}" "${args[@]}" "${secret[@]}" \
+  --build-arg "$from_arg=$base_tag" --build-arg "BUILDER=finetune-operator/builder:$suite$arch_suffix" \
   -t "finetune-operator/$flavor:$tag" "$@" .
-echo "built finetune-operator/$flavor:$tag in $((SECONDS - start))s"
+echo "built finetune-operator/$flavor:$tag ($platform) in $((SECONDS - start))s"
 "$DOCKER" builder prune -f --keep-storage "${BUILD_CACHE_KEEP:-15GB}" >/dev/null

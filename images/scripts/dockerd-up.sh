@@ -3,7 +3,10 @@
 # Debian's dockerd in the background when `docker info` fails, and poll (with a deadline) until it answers.
 # Idempotent: does nothing when a daemon already runs (another area may have started it).
 set -euo pipefail
-DOCKER=${DOCKER:-/usr/bin/docker}
+# A CLI that builds with BuildKit (docker.sh), the one the builds will use.
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=images/scripts/docker.sh
+source "$here/docker.sh"
 LOG=${DOCKERD_LOG:-/var/log/ftjob-dockerd.log}
 DEADLINE_S=${DOCKERD_DEADLINE_S:-60}
 

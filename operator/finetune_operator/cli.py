@@ -94,8 +94,8 @@ def _one_valid_job(filename: str, command: str) -> dict[str, Any] | None:
 
 
 def load_config(path: str | None) -> dict[str, Any]:
-    """Operator configuration (the chart's ConfigMap): `images: {registry, tag}` (the profiles' default images,
-    builders/images.py), `networkPolicy: {enabled: bool, extraIngress: [NetworkPolicyIngressRule]}`,
+    """Operator configuration (the chart's ConfigMap): `images: {registry, tag, digests}` (the profiles' default
+    images, builders/images.py), `networkPolicy: {enabled: bool, extraIngress: [NetworkPolicyIngressRule]}`,
     `policy: {allowedImages, allowedServiceAccounts, allowedSecrets, ...}` (policy.py, docs/operator.md)."""
     from .builders.images import check_images_config
 
@@ -326,7 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("render", help="print every object the operator would create for a job (no cluster)")
     r.add_argument("-f", "--filename", required=True, help="FineTuneJob YAML ('-' for stdin)")
     r.add_argument("-n", "--namespace", help="namespace to render into (default: the job's, else default)")
-    r.add_argument("--config", help="operator configuration file (images: registry and tag, networkPolicy, policy)")
+    r.add_argument(
+        "--config", help="operator configuration file (images: registry, tag and digests, networkPolicy, policy)"
+    )
     r.set_defaults(func=_render)
 
     c = sub.add_parser("crd", help="print the CustomResourceDefinition")
@@ -342,7 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     o = sub.add_parser("operator", help="run the operator (kopf) against the current kubeconfig")
     o.add_argument("--namespace", action="append", help="watch only this namespace (repeatable)")
-    o.add_argument("--config", help="operator configuration file (images: registry and tag, networkPolicy, policy)")
+    o.add_argument(
+        "--config", help="operator configuration file (images: registry, tag and digests, networkPolicy, policy)"
+    )
     o.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
     o.add_argument("--health-port", type=int, default=8081, help="/healthz port (0: off)")
     o.add_argument("-v", "--verbose", action="store_true")

@@ -3,7 +3,7 @@ ValidatingAdmissionPolicy (with its binding) for the rules a CRD cannot state: a
 the name, so a rule on labels runs as an admission policy on finetunejobs.
 
 `ftjob crd` prints the CRD, `ftjob admission-policy` the policy and its binding; manifests/crd/ and the chart
-(crds/, and admission/ for its template) hold generated copies checked for drift.
+(crd/ and admission/, which its templates read) hold generated copies checked for drift.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from chartlib import CHART, MANIFESTS, load_all
 
-COPIES = [CHART / "crds" / "finetunejobs.yaml", MANIFESTS / "crd" / "finetunejobs.yaml"]
+COPIES = [CHART / "crd" / "finetunejobs.yaml", MANIFESTS / "crd" / "finetunejobs.yaml"]
 POLICY_COPIES = [CHART / "admission" / "finetunejobs-policy.yaml", MANIFESTS / "crd" / "finetunejobs-policy.yaml"]
 
 

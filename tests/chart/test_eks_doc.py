@@ -33,7 +33,7 @@ EKSCTL_SCHEMAS = {
     version: Path(__file__).with_name("schemas") / f"eksctl-v{version}.schema.json"
     for version in (EKSCTL_MINIMUM, "0.230.0")
 }
-CRD = CHART / "crds" / "finetunejobs.yaml"
+CRD = CHART / "crd" / "finetunejobs.yaml"
 # Example values for the variables the guide sets from AWS answers (account id, file system id, ...).
 EXAMPLE_ENV = {
     "CLUSTER": "finetune",

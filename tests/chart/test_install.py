@@ -17,11 +17,9 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 from chartlib import CHART, REPO, load_all
+from installlib import CRD_NAME, Kubectl, adopt_crd, free_port, http_get, service_account_kubeconfig
 
 from ftjob_cluster import bins
 from ftjob_cluster.localcluster import LocalCluster, wait_for
@@ -42,38 +41,6 @@ FULLNAME = f"{RELEASE}-finetune-operator"  # release name + chart name (_helpers
 REGISTRY, TAG = "registry.example:5000/ft", "chart-test"
 CPU_IMAGE = f"{REGISTRY}/finetune-operator/cpu:{TAG}"
 POD_NAME = f"{FULLNAME}-7c9d8-x2x4q"  # the name the operator process is given as its pod's (the Lease's holder)
-
-
-class Kubectl:
-    def __init__(self, binary: str, kubeconfig: Path) -> None:
-        self.binary = binary
-        self.kubeconfig = kubeconfig
-
-    def __call__(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        proc = subprocess.run(
-            [self.binary, f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed:\n{proc.stderr}")
-        return proc.stdout
-
-    def get(self, *args: str) -> Any:
-        """The object as a dict, or None when it does not exist; any other error fails the test."""
-        proc = subprocess.run(
-            [self.binary, f"--kubeconfig={self.kubeconfig}", "get", *args, "-o", "yaml"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if proc.returncode != 0:
-            if "NotFound" in proc.stderr or "not found" in proc.stderr:
-                return None
-            raise AssertionError(f"kubectl get {' '.join(args)} failed:\n{proc.stderr}")
-        return yaml.safe_load(proc.stdout)
 
 
 @pytest.fixture(scope="module")
@@ -98,42 +65,6 @@ def kubectl(admin_kubeconfig: Path) -> Kubectl:
     return Kubectl(str(bins.ensure_binary("kubectl")), admin_kubeconfig)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def service_account_kubeconfig(kubectl: Kubectl, namespace: str, sa: str, dest: Path) -> Path:
-    """The admin kubeconfig's cluster entry with a TokenRequest token of `sa` as the only credential."""
-    admin = yaml.safe_load(kubectl.kubeconfig.read_text())
-    cluster = admin["clusters"][0]["cluster"]
-    token = kubectl("create", "token", sa, "-n", namespace, "--duration=1h").strip()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": cluster}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": sa}}],
-        "current-context": "sa",
-    }
-    # A relative certificate-authority path in the admin kubeconfig must keep pointing at the same file.
-    ca = cluster.get("certificate-authority")
-    if ca and not os.path.isabs(ca):
-        cluster["certificate-authority"] = str((kubectl.kubeconfig.parent / ca).resolve())
-    dest.write_text(yaml.safe_dump(config))
-    return dest
-
-
-def http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status), resp.read().decode()
-    except OSError:
-        return 0, ""
-
-
 @pytest.fixture(scope="module", params=["namespaced", "cluster"])
 def installed(request: pytest.FixtureRequest, kubectl: Kubectl, helm: str) -> Iterator[dict[str, str]]:
     """One release per mode; pytest runs every test of the module for one mode before the other."""
@@ -143,6 +74,12 @@ def installed(request: pytest.FixtureRequest, kubectl: Kubectl, helm: str) -> It
     for ns in (release_ns, jobs_ns):
         kubectl("create", "namespace", ns)
     kubectl("label", "namespace", release_ns, "pod-security.kubernetes.io/enforce=restricted")
+    # The previous mode's release, uninstalled, left its CRD (crds.keep), owned by a release in another namespace:
+    # the chart README's one command lets this release take it over.
+    kept = kubectl.get("crd", CRD_NAME)
+    if kept:
+        assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        adopt_crd(kubectl, RELEASE, release_ns)
     cmd = [
         helm,
         "install",
@@ -471,8 +408,10 @@ def test_uninstall_keeps_the_cache_claim(kubectl: Kubectl, helm: str, installed:
     )
     claim_ns = jobs_ns if installed["mode"] == "namespaced" else release_ns
     assert kubectl.get("pvc", "finetune-cache", "-n", claim_ns), "helm.sh/resource-policy: keep was ignored"
-    # The CRD stays too (Helm never deletes crds/), so existing FineTuneJobs survive an operator reinstall.
-    assert kubectl.get("crd", "finetunejobs.finetune.dev")
+    # The CRD stays too (crds.keep: helm.sh/resource-policy: keep), so existing FineTuneJobs survive an operator
+    # reinstall; the admission policy, which holds no data, goes with the release.
+    assert kubectl.get("crd", CRD_NAME)
+    assert kubectl.get("validatingadmissionpolicy", CRD_NAME) is None
 
 
 def test_kustomize_manifests_apply_to_a_real_apiserver(kubectl: Kubectl) -> None:

@@ -13,6 +13,8 @@ from chartlib import MANIFESTS, NAMESPACE, RELEASE, Manifest, Renderer, Values, 
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 # The pod-template checksum lets `helm upgrade` roll the pod on a config change; kubectl has no equivalent.
 HELM_ONLY_POD_ANNOTATIONS = ("checksum/config",)
+# helm.sh/resource-policy (crds.keep) tells `helm uninstall` to leave the CRD; kubectl has no uninstall.
+HELM_ONLY_ANNOTATIONS = ("helm.sh/resource-policy",)
 
 
 # Cluster-scoped kinds kustomize (kubectl's) does not know, so its namespace transformer stamps the namespace
@@ -27,6 +29,11 @@ def normalized(obj: Manifest) -> Manifest:
     labels = out["metadata"].get("labels", {})
     for key in HELM_ONLY_LABELS:
         labels.pop(key, None)
+    annotations = out["metadata"].get("annotations", {})
+    for key in HELM_ONLY_ANNOTATIONS:
+        annotations.pop(key, None)
+    if "annotations" in out["metadata"] and not annotations:
+        del out["metadata"]["annotations"]
     template = out.get("spec", {}).get("template")
     if isinstance(template, dict):
         annotations = template["metadata"].get("annotations", {})

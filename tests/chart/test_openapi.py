@@ -63,9 +63,9 @@ def test_rendered_chart_is_valid_openapi(render: Renderer, k8s_version: str, cas
 
 
 def test_chart_crds_are_valid_openapi(k8s_version: str) -> None:
-    crds = [obj for path in sorted((CHART / "crds").glob("*.yaml")) for obj in load_all(path.read_text())]
+    crds = [obj for path in sorted((CHART / "crd").glob("*.yaml")) for obj in load_all(path.read_text())]
     if not crds:
-        pytest.fail("charts/finetune-operator/crds/ is empty: run `make generate`")
+        pytest.fail("charts/finetune-operator/crd/ is empty: run `make generate`")
     assert validate_all(crds, k8s_version)
 
 

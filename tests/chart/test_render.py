@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chartlib import CHART, NAMESPACE, RELEASE, REPO, Manifest, Renderer, Values, find, identities, one
+from chartlib import CHART, NAMESPACE, RELEASE, REPO, Manifest, Renderer, Values, find, identities, load_all, one
 
 from finetune_operator import cli, profiles
 
@@ -108,6 +108,7 @@ def test_default_render_has_exactly_the_operator_objects(render: Renderer) -> No
         ("ClusterRoleBinding", "", "finetune-operator"),
         ("ClusterRoleBinding", "", "finetune-operator-cluster"),
         ("ConfigMap", NAMESPACE, "finetune-operator-config"),
+        ("CustomResourceDefinition", "", "finetunejobs.finetune.dev"),
         ("Deployment", NAMESPACE, "finetune-operator"),
         ("Role", NAMESPACE, LEASE_ROLE),
         ("RoleBinding", NAMESPACE, LEASE_ROLE),
@@ -116,6 +117,34 @@ def test_default_render_has_exactly_the_operator_objects(render: Renderer) -> No
         ("ValidatingAdmissionPolicy", "", "finetunejobs.finetune.dev"),
         ("ValidatingAdmissionPolicyBinding", "", "finetunejobs.finetune.dev"),
     ]
+
+
+def test_crd_is_a_template_equal_to_the_generated_one_and_kept_on_uninstall(render: Renderer) -> None:
+    """The CRD is rendered (so `helm upgrade` applies it) from crd/finetunejobs.yaml, unchanged but for the
+    keep annotation: `helm uninstall` leaves it, and with it the users' FineTuneJobs."""
+    generated = load_all((CHART / "crd" / "finetunejobs.yaml").read_text())[0]
+    crd = one(render(), "CustomResourceDefinition", "finetunejobs.finetune.dev")
+    assert crd["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    assert crd == generated
+    # The admission policy comes and goes with the release: nothing of it is kept.
+    for policy in (o for o in render() if o["kind"].startswith("ValidatingAdmissionPolicy")):
+        assert "helm.sh/resource-policy" not in policy["metadata"].get("annotations", {})
+
+
+def test_crds_keep_false_lets_uninstall_delete_the_crd(render: Renderer) -> None:
+    crd = one(render(Values().set({"crds": {"keep": False}})), "CustomResourceDefinition")
+    assert "annotations" not in crd["metadata"]
+
+
+def test_crds_install_false_leaves_crd_and_policy_out(render: Renderer) -> None:
+    kinds = {o["kind"] for o in render(Values().set({"crds": {"install": False}}))}
+    assert not kinds & {"CustomResourceDefinition", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert "Deployment" in kinds
+
+
+def test_chart_has_no_crds_folder() -> None:
+    """Helm installs crds/ once and never upgrades it (nor deletes it): the CRD must stay a template."""
+    assert not (CHART / "crds").exists()
 
 
 def test_deployment_meets_restricted_pod_security(render: Renderer) -> None:
@@ -219,6 +248,42 @@ def test_operator_composes_the_chart_registry_and_tag_with_each_profile(
         assert {c["image"] for p in pods for c in p["spec"]["containers"]} == {
             f"{prefix}{profile.image_repository}:{tag}"
         }
+
+
+DIGEST = "sha256:" + "5e" * 32
+
+
+def test_operator_image_by_digest_when_set_else_by_tag(render: Renderer) -> None:
+    """A released chart names the operator image by digest (no push can change it); by hand, by tag."""
+    image = {"repository": "registry.example:5000/ft/finetune-operator/operator", "tag": "ignored", "digest": DIGEST}
+    container = operator_deployment(render(Values().set({"operator": {"image": image}})))["spec"]["template"]
+    assert (
+        container["spec"]["containers"][0]["image"] == f"registry.example:5000/ft/finetune-operator/operator@{DIGEST}"
+    )
+    by_tag = operator_deployment(render(Values().set({"operator": {"image": {"tag": "handbuilt"}}})))
+    assert by_tag["spec"]["template"]["spec"]["containers"][0]["image"] == "finetune-operator/operator:handbuilt"
+
+
+def test_runtime_digests_pin_their_profiles_images_and_the_rest_keep_the_tag(render: Renderer, tmp_path: Any) -> None:
+    """runtimeImages.digests (a released chart's) reaches the operator's config, and the operator runs each
+    pinned repository by digest: the image `ftjob render --config` shows."""
+    from ftjobs import make_job
+
+    from finetune_operator.admission import validate
+    from finetune_operator.builders import desired
+    from finetune_operator.cli import load_config
+
+    runtime = {"registry": "registry.example:5000/ft", "tag": "9.9.9", "digests": {"finetune-operator/cpu": DIGEST}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(operator_config(render(Values().set({"runtimeImages": runtime})))))
+    config = load_config(str(path))
+    for profile in profiles.load_all().values():
+        job = validate(make_job().profile(profile.name).classification().build())
+        pods = desired(job, images=config.get("images")).pods
+        expected = f"registry.example:5000/ft/{profile.image_repository}" + (
+            f"@{DIGEST}" if profile.image_repository == "finetune-operator/cpu" else ":9.9.9"
+        )
+        assert {c["image"] for p in pods for c in p["spec"]["containers"]} == {expected}, profile.name
 
 
 def test_config_change_rolls_the_operator_pod(render: Renderer) -> None:

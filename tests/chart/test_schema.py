@@ -45,6 +45,12 @@ BAD_VALUES: list[tuple[str, Values, str]] = [
         "/runtimeImages/registry",
     ),
     ("tag with a colon", Values().set({"runtimeImages": {"tag": ":1.0"}}), "/runtimeImages/tag"),
+    (
+        "runtime digest not sha256",
+        Values().set({"runtimeImages": {"digests": {"finetune-operator/cpu": "sha512:ab"}}}),
+        "/runtimeImages/digests",
+    ),
+    ("operator digest short", Values().set({"operator": {"image": {"digest": "sha256:ab"}}}), "/operator/image/digest"),
     ("cache without RWX", Values().cache_pvc(accessModes=["ReadWriteOnce"]), "/cachePVC/accessModes"),
     ("cache size not a quantity", Values().cache_pvc(size="lots"), "/cachePVC/size"),
     (
@@ -178,3 +184,15 @@ def test_registry_and_tag_patterns_are_the_operators() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["runtimeImages"]["properties"]
     for key, pattern in ((images.REGISTRY, images.REGISTRY_PATTERN), (images.TAG, images.TAG_PATTERN)):
         assert schema[key]["pattern"] == f"^({pattern[1:-1]})?$"
+
+
+def test_digest_patterns_are_the_operators() -> None:
+    """The chart refuses the digests the operator's config check refuses (builders/images.py DIGEST_PATTERN)."""
+    from finetune_operator.builders import images
+
+    props = json.loads((CHART / "values.schema.json").read_text())["properties"]
+    runtime = props["runtimeImages"]["properties"][images.DIGESTS]
+    assert runtime["additionalProperties"]["pattern"] == images.DIGEST_PATTERN
+    assert props["operator"]["properties"]["image"]["properties"]["digest"]["pattern"] == (
+        f"^({images.DIGEST_PATTERN[1:-1]})?$"
+    )

@@ -19,6 +19,8 @@ DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
 SCRIPTS = sorted(IMAGES.glob("*/*.sh"))
 FLAVORS = {"cpu", "nvidia", "xeon", "neuron", "operator"}
 BASE_DOCKERFILE = IMAGES / "base" / "Dockerfile"
+# The architectures the images are built for (build.sh --platform linux/ARCH) and Debian's multiarch triplet of each.
+ARCHES = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 # The runtime images share one layout; the operator's own image has its rules in test_operator_image.py.
 RUNTIME_DOCKERFILES = [p for p in DOCKERFILES if p.parent.name not in ("operator", "base")]
 # A RUN that downloads something (apt, PyPI, curl, uv) must mount the build's CA bundle secret.
@@ -81,8 +83,19 @@ def test_shared_base() -> None:
     text = BASE_DOCKERFILE.read_text(encoding="utf-8")
     # An offline build swaps the OS image for a locally built one.
     assert re.search(r"^ARG BASE_IMAGE=\S+", text[: text.index("\nFROM ")], re.M)
-    assert _stages(text) == [("${BASE_IMAGE}", "base"), ("base", "runtime-base"), ("base", "builder")]
-    base, runtime_base, builder = re.split(r"^FROM .*$", text, flags=re.M)[1:]
+    assert _stages(text) == [
+        ("${BASE_IMAGE}", "base"),
+        ("base", "runtime-packages"),
+        *[("runtime-packages", f"tcmalloc-{arch}") for arch in ARCHES],
+        ("tcmalloc-${TARGETARCH}", "runtime-base"),
+        ("base", "builder"),
+    ]
+    base, packages, *tcmalloc, runtime_base, builder = re.split(r"^FROM .*$", text, flags=re.M)[1:]
+    assert "libgoogle-perftools4" in packages
+    # tcmalloc's path is the target architecture's: no stage names another's multiarch triplet.
+    for arch, stage in zip(ARCHES, tcmalloc, strict=True):
+        assert re.search(rf"^ENV FTJOB_TCMALLOC=/usr/lib/{ARCHES[arch]}/libtcmalloc\.so\.4$", stage, re.M), arch
+    assert "x86_64" not in text.replace(tcmalloc[0], "")
     assert "/ftjob/add-user.sh" in base
     assert "org.opencontainers.image.source" in base
     assert re.search(r"^CMD \[\"ftjob-runtime\", \"selfcheck\"\]$", runtime_base, re.M)

@@ -49,8 +49,39 @@ def test_default_image_composes_registry_repository_and_tag() -> None:
 
 def test_config_check_refuses_a_per_profile_image_and_names_the_fix() -> None:
     (problem,) = check_images_config({"images": {"cpu": "registry.local/cpu:9"}})
-    assert problem.startswith("images.cpu: unknown key (known: registry, tag)")
+    assert problem.startswith("images.cpu: unknown key (known: registry, tag, digests)")
     assert "imageRepository" in problem and "spec.image" in problem
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def test_a_digest_pins_its_repository_and_the_others_keep_the_tag() -> None:
+    images = {"registry": "registry.example:5000/ft", "tag": "handbuilt", "digests": {"finetune-operator/cpu": DIGEST}}
+    assert default_image("finetune-operator/cpu", images) == f"registry.example:5000/ft/finetune-operator/cpu@{DIGEST}"
+    assert (
+        default_image("finetune-operator/nvidia", images)
+        == "registry.example:5000/ft/finetune-operator/nvidia:handbuilt"
+    )
+    assert default_image("finetune-operator/cpu", {"digests": {"finetune-operator/cpu": DIGEST}}) == (
+        f"finetune-operator/cpu@{DIGEST}"
+    )
+    assert check_images_config({"images": images}) == []
+
+
+@pytest.mark.parametrize(
+    ("digests", "field"),
+    [
+        ({"finetune-operator/cpu": "sha256:abc"}, "images.digests.finetune-operator/cpu"),
+        ({"finetune-operator/cpu": DIGEST.upper()}, "images.digests.finetune-operator/cpu"),
+        ({"finetune-operator/cpu": "0123456789abcdef" * 4}, "images.digests.finetune-operator/cpu"),
+        ({"cpu": DIGEST}, "images.digests.cpu"),
+        ([DIGEST], "images.digests"),
+    ],
+)
+def test_config_check_refuses_malformed_digests(digests: object, field: str) -> None:
+    (problem,) = check_images_config({"images": {"digests": digests}})
+    assert problem.startswith(f"{field}: ")
 
 
 @pytest.mark.parametrize(

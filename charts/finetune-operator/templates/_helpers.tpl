@@ -59,8 +59,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+The operator image: repository@digest when a digest is set (a released chart: no push can change it), else
+repository:tag.
+*/}}
 {{- define "finetune-operator.image" -}}
+{{- with .Values.operator.image.digest }}
+{{- printf "%s@%s" $.Values.operator.image.repository . }}
+{{- else }}
 {{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -157,4 +165,18 @@ preferredDuringSchedulingIgnoredDuringExecution:
       labelSelector:
         matchLabels:
           {{- include "finetune-operator.selectorLabels" . | nindent 10 }}
+{{- end }}
+
+{{/*
+crds.install and crds.keep, true unless set: `helm upgrade --reuse-values` from a chart without them (the crds/
+layout) renders with the old release's values, where they are missing. "true" or "".
+*/}}
+{{- define "finetune-operator.crds.install" -}}
+{{- $crds := .Values.crds | default dict }}
+{{- if or (not (hasKey $crds "install")) $crds.install }}true{{ end }}
+{{- end }}
+
+{{- define "finetune-operator.crds.keep" -}}
+{{- $crds := .Values.crds | default dict }}
+{{- if or (not (hasKey $crds "keep")) $crds.keep }}true{{ end }}
 {{- end }}
