@@ -128,6 +128,15 @@ HARDWARE = _o(
             "profile has a default (cpu: none, sized from resources).",
             maxLength=63,
         ),
+        "stack": _s(
+            "Software stack of the profile: trn1 offers xla (torch-neuronx on PyTorch/XLA, Neuron SDK 2.31); trn2 "
+            "xla (the default) or native (TorchNeuron: native PyTorch with torch.compile's neuron backend, Neuron "
+            "SDK 2.33 or newer); xeon-amx upstream (the default: current PyTorch, AMX through oneDNN) or ipex (IPEX "
+            "2.7 and oneCCL, archived); cpu and nvidia upstream. Selects the image, the runtime backend, the "
+            "compile cache and the stack's environment. Default: the profile's.",
+            maxLength=32,
+            pattern=f.STACK_NAME,
+        ),
         "nodes": _i("Number of pods that hold ranks (one per node).", minimum=1, maximum=1024, default=1),
         "procsPerNode": _i(
             "Training processes per pod. Derived when absent: one per requested NeuronCore (Trainium), one per "
