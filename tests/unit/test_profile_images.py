@@ -98,3 +98,17 @@ def test_config_check_refuses_malformed_registry_and_tag(images: object, field: 
 )
 def test_config_check_accepts(images: object) -> None:
     assert check_images_config({} if images is None else {"images": images}) == []
+
+
+def test_the_stack_fields_description_names_every_profiles_stacks_and_default() -> None:
+    """`kubectl explain`'s text for spec.hardware.stack is written by hand (the schema cannot import the
+    profiles): it must say what the data says."""
+    from finetune_operator.api.schema import HARDWARE
+
+    text = " ".join(HARDWARE["properties"]["stack"]["description"].split())
+    for p in profiles.load_all().values():
+        assert p.name in text
+        for s in p.stacks:
+            assert re.search(rf"\b{re.escape(s)}\b", text), f"{p.name}/{s} not in spec.hardware.stack's description"
+        if len(p.stacks) > 1:
+            assert f"{p.default_stack} (the default" in text, f"{p.name}'s default {p.default_stack} not said"

@@ -392,7 +392,10 @@ TRAINING = _o(
         "evalEverySteps": _i("Evaluate every N steps; default: at each epoch end.", minimum=1, maximum=MAX_COUNT),
         "warmupRatio": _n("Fraction of steps for learning-rate warm-up.", minimum=0, maximum=1, default=0.0),
         "weightDecay": _n("AdamW weight decay.", minimum=0, maximum=1, default=0.0),
-        "compile": _b("Train through torch.compile (CPU, Xeon, nvidia).", default=False),
+        "compile": _b(
+            "Train through torch.compile (CPU, Xeon, nvidia; on trn2's native stack with its neuron backend).",
+            default=False,
+        ),
     },
 )
 
@@ -416,8 +419,8 @@ COMPILE_CACHE = _o(
             pattern=f.DNS_SUBDOMAIN,
         ),
         "url": _s(
-            "Neuron compile cache URL (s3://bucket/prefix); used instead of /cache/neuron. Without claimName "
-            "/cache is an emptyDir.",
+            "Neuron compile cache URL (s3://bucket/prefix) of the xla stack (trn1, trn2); used instead of "
+            "/cache/neuron. Without claimName /cache is an emptyDir.",
             maxLength=1024,
             pattern=f.NEURON_CACHE_URL,
         ),
