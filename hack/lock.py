@@ -126,6 +126,8 @@ FLAVORS = {
     ),
     # torch and the Neuron packages: the ARG block of images/neuron/Dockerfile, which labels them itself.
     "neuron": Flavor("images/neuron/requirements.txt", None, ("transformers",)),
+    # The same for the native stack's release: images/neuron-native/Dockerfile's ARG block.
+    "neuron-native": Flavor("images/neuron-native/requirements.txt", None, ("transformers",)),
     "operator": Flavor("operator/pyproject.toml", "images/operator/requirements.lock", ("kopf", "kubernetes")),
 }
 

@@ -64,13 +64,14 @@ def previous_release(root: Path = ROOT) -> str:
 
 
 # Every flavor images/scripts/build.sh builds, in release order (the operator first: the chart needs it).
-FLAVORS = ("operator", "cpu", "nvidia", "xeon-upstream", "xeon", "neuron")
+FLAVORS = ("operator", "cpu", "nvidia", "xeon-upstream", "xeon", "neuron", "neuron-native")
 # Flavors whose build needs a vendor repository this project's build machines cannot reach (Intel's IPEX wheel
 # index, the Neuron apt and pip repositories and an Ubuntu base): released only with --all (RELEASE_ALL=1) on a
 # machine that reaches them.
 VENDOR_FLAVORS = {
     "xeon": "needs Intel's wheel index (torch 2.7 + IPEX 2.7 + oneccl_bind_pt)",
     "neuron": "needs the Neuron apt and pip repositories and an Ubuntu 24.04 base image",
+    "neuron-native": "needs the Neuron apt and pip repositories and an Ubuntu 26.04 base image",
 }
 # The one platform a release publishes. A second one needs a multi-platform index (one tag, a manifest per
 # architecture), which this command does not make yet; arm64 builds need emulation on an amd64 host

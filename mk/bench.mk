@@ -7,7 +7,7 @@ BENCH_QUICK := $(if $(QUICK),--quick,)
 BENCH_PEER_JOBS ?= $(if $(QUICK),20,200)
 BENCH_PEER_ROUNDS ?= 1
 
-.PHONY: bench bench-quick bench-render bench-request-cost bench-operator bench-runtime bench-data bench-compile-cache bench-failover bench-gpu bench-peer peer-bin
+.PHONY: bench bench-quick bench-render bench-request-cost bench-operator bench-runtime bench-data bench-compile-cache bench-failover bench-gpu bench-xeon-stacks bench-peer peer-bin
 
 bench: bench-render bench-data bench-runtime $(if $(QUICK),,bench-compile-cache) bench-request-cost bench-operator $(if $(QUICK),,bench-failover) ## Every benchmark but the Kubeflow peer comparison (make bench-peer, the longest: run it alone); results as JSON under benchmarks/results/latest (BENCH_OUT); QUICK=1 for the short set
 
@@ -37,6 +37,9 @@ bench-failover: setup k8s-bins ## Two elected operators: the standby's requests,
 
 bench-gpu: setup ## BERT-base Japanese on one NVIDIA GPU, bf16, seq 128, across batch sizes: samples/s, MFU (GPU machines only)
 	$(PY) benchmarks/gpu_bert_ja.py --json $(BENCH_OUT)/gpu-bert-ja.json
+
+bench-xeon-stacks: setup ## xeon-amx stacks on the QA sample, 2 ranks: upstream (gloo) vs ipex (oneCCL) where installed, and all_reduce per process group
+	$(PY) benchmarks/xeon_stacks.py $(if $(QUICK),--steps 24 --repeats 1 --collective-repeats 2,) --json $(BENCH_OUT)/xeon-stacks.json
 
 peer-bin: ## Build the Kubeflow training-operator v1.8.1 from its Go module (tools/cluster/peer; cached per version)
 	$(CLUSTER_TOOL) bin training-operator

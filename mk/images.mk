@@ -10,7 +10,7 @@ OPERATOR_IMAGE_TAG ?= $(IMAGE_TAG)
 # laptop builds the amd64 images a cluster runs, under emulation); PLATFORM=linux/arm64 for the other one.
 # build.sh finds a Docker CLI that builds with BuildKit (images/scripts/docker.sh); DOCKER= picks one.
 PLATFORM ?= linux/amd64
-IMAGES_FLAVORS := cpu nvidia xeon xeon-upstream neuron
+IMAGES_FLAVORS := cpu nvidia xeon xeon-upstream neuron neuron-native
 IMAGES_DOCKERFILES := $(wildcard images/*/Dockerfile)
 IMAGES_SCRIPTS := $(wildcard images/*/*.sh)
 
@@ -32,6 +32,7 @@ image-nvidia: ## Build finetune-operator/nvidia (CUDA torch)
 image-xeon: ## Build finetune-operator/xeon (torch 2.7 + IPEX 2.7 + oneccl_bind_pt 2.7; needs Intel's wheel index)
 image-xeon-upstream: ## Build finetune-operator/xeon-upstream (current torch, AMX via upstream oneDNN, Intel MPI)
 image-neuron: ## Build finetune-operator/neuron (Neuron SDK 2.31; needs the Neuron apt/pip repos and an Ubuntu 24.04 base)
+image-neuron-native: ## Build finetune-operator/neuron-native (TorchNeuron, Neuron SDK 2.33; needs the Neuron repos and an Ubuntu 26.04 base)
 
 image-operator: images-docker ## Build finetune-operator/operator (the operator itself: kopf, no torch; the chart's default image)
 	PLATFORM=$(PLATFORM) IMAGE_TAG=$(OPERATOR_IMAGE_TAG) images/scripts/build.sh operator

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds one image: images/scripts/build.sh FLAVOR [extra docker build args...]
-#   FLAVOR: cpu | nvidia | xeon | xeon-upstream | neuron | operator, or `base` (only the shared base images)
+#   FLAVOR: cpu | nvidia | xeon | xeon-upstream | neuron | neuron-native | operator, or `base` (only the shared
+#   base images)
 # Every flavor is a thin FROM of the shared base (images/base/Dockerfile): its targets are built and tagged first,
-# as finetune-operator/{base,runtime-base,builder}:SUITE (SUITE: bookworm, or noble for neuron), and the flavor
+# as finetune-operator/{base,runtime-base,builder}:SUITE (SUITE: bookworm; noble for neuron, resolute for
+# neuron-native), and the flavor
 # names them through its RUNTIME_BASE/BASE and BUILDER build args. Unchanged, they rebuild from cache in seconds.
 # Docker: the first CLI that builds with BuildKit (images/scripts/docker.sh; DOCKER= picks one).
 # Environment:
@@ -13,7 +15,8 @@
 #                    and refuses it otherwise)
 #   IMAGE_TAG        tag; the image is finetune-operator/FLAVOR:IMAGE_TAG. Default: the repository's VERSION,
 #                    the operator's default runtime image tag and the chart's appVersion
-#   BASE_IMAGE       what the shared base starts from (default debian:bookworm-slim, ubuntu:24.04 for neuron);
+#   BASE_IMAGE       what the shared base starts from (default debian:bookworm-slim, ubuntu:24.04 for neuron,
+#                    ubuntu:26.04 for neuron-native);
 #                    when unset and no registry is reachable, a debootstrap'ed Debian base is built once
 #                    (base-image.sh) and used (Debian-based flavors only)
 #   TORCH_INDEX_URL  passed through to flavors that take it
@@ -31,7 +34,7 @@ source "$here/docker.sh"
 platform=${PLATFORM:-linux/amd64}
 arch_suffix=$(ftjob_docker_platform "$platform")
 "$here/platform-check.sh" "$platform"
-flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron|operator|base [docker build args...]}
+flavor=${1:?usage: build.sh cpu|nvidia|xeon|xeon-upstream|neuron|neuron-native|operator|base [docker build args...]}
 shift
 tag=${IMAGE_TAG:-$(cat "$root/VERSION")}
 
@@ -44,8 +47,11 @@ case "$flavor" in
   base|cpu|nvidia) ;;
   operator) from_arg=BASE ;;
   neuron) suite=noble ;;
+  neuron-native) suite=resolute ;;
   xeon) stack=(--build-arg XEON_STACK=ipex) ;;
-  xeon-upstream) dockerfile=images/xeon/Dockerfile; stack=(--build-arg XEON_STACK=upstream) ;;
+  xeon-upstream)
+    dockerfile=images/xeon/Dockerfile
+    stack=(--build-arg XEON_STACK=upstream --build-arg XEON_BACKEND=xeon-upstream) ;;
   *) echo "unknown flavor $flavor" >&2; exit 2 ;;
 esac
 
@@ -58,7 +64,7 @@ if [ -z "${BASE_IMAGE:-}" ]; then
   fi
   if [ "$offline" = 1 ]; then
     case "$flavor" in
-      neuron) echo "neuron needs an Ubuntu 24.04 base: set BASE_IMAGE (no registry reachable)" >&2; exit 2 ;;
+      neuron|neuron-native) echo "$flavor needs an Ubuntu base: set BASE_IMAGE (no registry reachable)" >&2; exit 2 ;;
       *)
         # base-image.sh debootstraps the host's architecture: another one's second stage would run its binaries
         # under emulation, and that script's hash labels the image, so a change to it rebuilds every image.
@@ -74,6 +80,7 @@ if [ -z "${BASE_IMAGE:-}" ]; then
   fi
 fi
 if [ -z "${BASE_IMAGE:-}" ] && [ "$suite" = noble ]; then BASE_IMAGE=ubuntu:24.04; fi
+if [ -z "${BASE_IMAGE:-}" ] && [ "$suite" = resolute ]; then BASE_IMAGE=ubuntu:26.04; fi
 if [ -n "${BASE_IMAGE:-}" ]; then base_args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE"); fi
 args=()
 # Flavors whose default torch index is the PyTorch CPU index fall back to PyPI when that index is unreachable

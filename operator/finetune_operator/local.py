@@ -193,8 +193,9 @@ def local_env(
     # The images have the runtime's environment on PATH (torchrun, accelerate, ftjob-runtime): so does a local
     # run, when ftjob was started from a virtual environment that is not activated.
     env["PATH"] = local_path(os.environ.get("PATH", ""))
-    if "NEURON_COMPILE_CACHE_URL" in env and not env["NEURON_COMPILE_CACHE_URL"].startswith("s3://"):
-        env["NEURON_COMPILE_CACHE_URL"] = str(cache / "neuron")
+    compile_cache = layout.stack.compile_cache  # the stack's (Neuron: NEURON_COMPILE_CACHE_URL, the NEFF dir)
+    if compile_cache and not env.get(compile_cache.variable, "").startswith("s3://"):
+        env[compile_cache.variable] = str(cache / compile_cache.directory)
     if env.get("LD_PRELOAD") and not Path(env["LD_PRELOAD"]).exists():
         print(f"note: {env['LD_PRELOAD']} is not installed here; running without LD_PRELOAD", file=sys.stderr)
         del env["LD_PRELOAD"]

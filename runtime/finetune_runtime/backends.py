@@ -1,9 +1,12 @@
-"""Device code paths chosen by `FTJOB_BACKEND`: neuron, xeon, cpu, nvidia.
+"""Device code paths chosen by `FTJOB_BACKEND`: neuron, neuron-native, xeon, xeon-upstream, cpu, nvidia.
 
 Everything the runtime does differently per backend is a field of its `Backend` entry below; no other module
 branches on a backend's name (tests/runtime/test_backends.py checks), so a new backend is one entry here (and its
 image). Vendor stacks are not dependencies of this package: the per-hardware images bring them. They are imported
 lazily, and a missing one fails with a message that names the image to use.
+
+The operator's profiles choose the backend per software stack (spec.hardware.stack: each stack names one entry
+here and its image; tests/unit/test_profile_images.py checks that the two agree).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_BACKEND = "cpu"  # FTJOB_BACKEND unset: a run by hand on any machine
+INDUCTOR = "inductor"  # torch.compile's default backend; it builds C++/Triton kernels (compilecache.toolchain_problem)
 INDUCTOR_CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"  # where torch.compile's inductor keeps its caches (train.py sets it)
 
 
@@ -50,19 +54,28 @@ class Backend:
     bf16_env: dict[str, str] = field(default_factory=dict)  # exported before torch.distributed starts, under bf16
     required: tuple[str, ...] = ()  # modules without which the backend cannot run (MissingStackError)
     required_what: str = ""  # how the message names them
+    # modules of another stack whose presence means this is not the backend's image (the XLA torch-neuronx also
+    # provides torch_neuronx, and the two stacks cannot share a process)
+    excludes: tuple[str, ...] = ()
     needs_cuda: bool = False  # torch must see a CUDA device
     # a faster process group from a vendor module (registered by importing it), else ddp_backend
     vendor_ddp: tuple[str, str] | None = None  # (module, process group)
     optimizer: VendorModule | None = None  # a module whose optimize(model, optimizer) applies (IPEX)
-    # torch.compile's inductor compiles the graphs (training.compile, the precompile trial); False: the backend's
-    # own compiler does (Neuron's neuronx-cc under neuron_parallel_compile)
+    # torch.compile compiles the graphs (training.compile, the precompile trial); False: the backend's own compiler
+    # does (Neuron's neuronx-cc under neuron_parallel_compile)
     torch_compile: bool = True
+    compile_backend: str = INDUCTOR  # torch.compile's backend (TrainingArguments.torch_compile_backend)
     static_shapes: bool = False  # pad every batch to maxLength: XLA compiles one graph per shape
     compile_cache_var: str = INDUCTOR_CACHE_VAR  # the variable naming the compile cache the trial fills
     precompile_wrapper: str | None = None  # a program `launch --precompile` runs torchrun under
     mpi: tuple[str, ...] = ()  # the MPI implementations its image ships (FTJOB_MPI_IMPLEMENTATION values)
     env_prefixes: tuple[str, ...] = ()  # its vendor variables, which mpirun forwards to every rank
     packages: tuple[str, ...] = ()  # its vendor distributions, whose versions selfcheck reports
+
+    @property
+    def inductor(self) -> bool:
+        """torch.compile runs through inductor: its cache variables apply and it needs a C/C++ toolchain."""
+        return self.torch_compile and self.compile_backend == INDUCTOR
 
     @property
     def image(self) -> str:
@@ -89,6 +102,25 @@ _BACKENDS = (
         env_prefixes=("NEURON_", "XLA_"),
         packages=("torch-neuronx", "torch-xla"),
     ),
+    # TorchNeuron (torch-neuronx >= 2.13, Neuron SDK 2.33+, Trn2/Trn3): native PyTorch on the `neuron` device. The
+    # Trainer places the model there and autocasts under bf16 (accelerate picks the device and the "neuron" process
+    # group when torch_neuronx is importable); torch.compile's "neuron" backend lowers graphs to neuronx-cc, one
+    # graph per input shape (dynamic shapes are refused), and keeps the NEFFs in TORCH_NEURONX_NEFF_CACHE_DIR.
+    Backend(
+        "neuron-native",
+        ddp_backend="neuron",
+        trainer_ddp_backend=True,
+        use_cpu=False,
+        bf16="autocast",
+        required=("torch_neuronx",),
+        required_what="TorchNeuron (torch-neuronx 2.13 or newer, the native backend) and the Neuron runtime",
+        excludes=("torch_xla",),
+        compile_backend="neuron",
+        static_shapes=True,
+        compile_cache_var="TORCH_NEURONX_NEFF_CACHE_DIR",
+        env_prefixes=("NEURON_",),
+        packages=("torch-neuronx", "neuronx-cc"),
+    ),
     Backend(
         "xeon",
         ddp_backend="gloo",
@@ -102,6 +134,17 @@ _BACKENDS = (
         mpi=("intel",),
         env_prefixes=("CCL_", "I_MPI_"),
         packages=("intel-extension-for-pytorch", "oneccl-bind-pt"),
+    ),
+    # Current PyTorch on Xeon: AMX bf16 through oneDNN under autocast, gloo between the ranks (no oneCCL binding
+    # exists for it), Intel MPI to launch them.
+    Backend(
+        "xeon-upstream",
+        ddp_backend="gloo",
+        trainer_ddp_backend=True,
+        use_cpu=True,
+        bf16="autocast",
+        mpi=("intel",),
+        env_prefixes=("I_MPI_",),
     ),
     Backend("cpu", ddp_backend="gloo", trainer_ddp_backend=True, use_cpu=True, bf16="autocast", mpi=("mpich",)),
     Backend(
@@ -186,6 +229,12 @@ def plan_backend(
         raise MissingStackError(
             f"FTJOB_BACKEND={b.name} needs {b.required_what or ', '.join(missing)}; not installed here: "
             f"use the {b.image} image"
+        )
+    other = [m for m in b.excludes if importable(m)]
+    if other:
+        raise MissingStackError(
+            f"FTJOB_BACKEND={b.name} but this image has {', '.join(other)}, another stack's: use the {b.image} "
+            "image (or the stack this image carries, spec.hardware.stack)"
         )
     if b.needs_cuda and not (cuda_available() if cuda_available else _cuda_available()):
         raise MissingStackError(

@@ -32,7 +32,9 @@ COMMON_FORWARD_PREFIXES = (
     "ONEDNN_",
     "DNNL_",
 )
-FORWARD_PREFIXES = COMMON_FORWARD_PREFIXES + tuple(p for b in backends.BACKENDS.values() for p in b.env_prefixes)
+FORWARD_PREFIXES = tuple(
+    dict.fromkeys(COMMON_FORWARD_PREFIXES + tuple(p for b in backends.BACKENDS.values() for p in b.env_prefixes))
+)
 FORWARD_NAMES = (
     "PATH",
     "LD_LIBRARY_PATH",

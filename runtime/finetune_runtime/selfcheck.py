@@ -11,7 +11,7 @@ from typing import Any
 from finetune_runtime.backends import BACKENDS, MissingStackError, backend_from_env, get, plan_backend
 
 COMMON_PACKAGES = ("torch", "transformers", "datasets", "accelerate", "fugashi", "unidic-lite", "numpy", "boto3")
-PACKAGES = COMMON_PACKAGES + tuple(p for b in BACKENDS.values() for p in b.packages)
+PACKAGES = tuple(dict.fromkeys(COMMON_PACKAGES + tuple(p for b in BACKENDS.values() for p in b.packages)))
 SAMPLE = "この掃除機は音が静かで、とても使いやすいです。"
 
 
@@ -44,7 +44,7 @@ def run_selfcheck() -> tuple[bool, dict[str, Any]]:
             getattr(torch.backends, "mkldnn", None) and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call,unused-ignore]
         ),
     }
-    if get(backend).torch_compile:  # Neuron compiles with neuronx-cc, not torch.compile
+    if get(backend).inductor:  # Neuron compiles with neuronx-cc (XLA, or torch.compile's neuron backend)
         from finetune_runtime.compilecache import toolchain_problem
 
         problem = toolchain_problem()

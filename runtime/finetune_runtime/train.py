@@ -72,7 +72,7 @@ def set_cache_env(paths: Paths, plan: BackendPlan, use_compile: bool) -> None:
     """Cache locations under FTJOB_CACHE_DIR (must happen before transformers/datasets/torch._inductor load)."""
     os.environ.setdefault("HF_HOME", str(paths.cache / "hf"))
     os.environ.setdefault("HF_DATASETS_CACHE", str(paths.cache / "hf" / "datasets"))
-    if use_compile and plan.backend.torch_compile:
+    if use_compile and plan.backend.inductor:
         os.environ.setdefault(INDUCTOR_CACHE_VAR, str(paths.cache / "torch-compile"))
         os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
         os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
@@ -111,6 +111,8 @@ def training_arguments(
         "disable_tqdm": True,
         "dataloader_num_workers": 0,
     }
+    if kw["torch_compile"]:
+        kw["torch_compile_backend"] = plan.backend.compile_backend  # inductor, or the device's own (neuron)
     if info.world_size > 1 and plan.trainer_ddp_backend:
         kw["ddp_backend"] = plan.trainer_ddp_backend
         # Skipping the unused-parameter search where the task does not need it saves a graph traversal per step.
@@ -233,7 +235,7 @@ def start() -> Run | int:
     plan = plan_backend(backend_from_env(env), cfg.training.precision)
     prepare_process(plan)
     set_cache_env(paths, plan, precompile or cfg.training.compile)
-    if (precompile or cfg.training.compile) and plan.backend.torch_compile:
+    if (precompile or cfg.training.compile) and plan.backend.inductor:
         problem = compilecache.toolchain_problem()
         if problem:  # before minutes of data preparation, not at the first forward pass
             log.error("%s", problem)

@@ -307,6 +307,44 @@ def test_what_wedged_a_job_or_escaped_its_accounting_is_refused_by_the_api_serve
     assert _render(b.build(), namespace) is not None
 
 
+@pytest.mark.parametrize(
+    ("profile", "stack", "offered"),
+    [
+        ("trn1", "native", False),
+        ("cpu", "ipex", False),
+        ("xeon-amx", "xla", False),
+        ("nvidia", "native", False),
+        ("trn1", "xla", True),
+        ("trn2", "native", True),
+        ("xeon-amx", "upstream", True),
+        ("xeon-amx", "ipex", True),
+    ],
+)
+def test_the_api_server_offers_each_profile_its_stacks_as_render_does(
+    crd: None, kube_api: client.ApiClient, namespace: str, profile: str, stack: str, offered: bool
+) -> None:
+    """Issue 26: spec.hardware.stack's CEL rule (the profiles' stacks as data) against its Python twin."""
+    job = make_job("stack").profile(profile).classification().set("spec.hardware.stack", stack).build()
+    refused, rendered = _create(kube_api, namespace, job), _render(job, namespace)
+    if offered:
+        assert refused is None and rendered is None, (refused, rendered)
+    else:
+        assert refused is not None and "spec.hardware.stack" in refused, refused
+        assert rendered is not None and "spec.hardware.stack" in rendered, rendered
+
+
+def test_the_api_server_refuses_a_cache_url_on_the_native_stack_as_render_does(
+    crd: None, kube_api: client.ApiClient, namespace: str
+) -> None:
+    """TorchNeuron's NEFF cache is a directory on the cache claim: no URL (the XLA stack's S3 cache) on it."""
+    base = make_job("cache").profile("trn2").classification()
+    assert _create(kube_api, namespace, base.cache(url="s3://b/c").build()) is None  # default stack: xla
+    job = base.set("spec.hardware.stack", "native").cache(url="/c").build()
+    refused, rendered = _create(kube_api, namespace, job), _render(job, namespace)
+    assert refused is not None and "spec.compileCache.url" in refused, refused
+    assert rendered is not None and "spec.compileCache.url" in rendered, rendered
+
+
 def test_question_answering_strides_the_tokenizer_would_refuse_are_refused(
     crd: None, kube_api: client.ApiClient, namespace: str
 ) -> None:

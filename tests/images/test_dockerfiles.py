@@ -17,10 +17,15 @@ from .conftest import REPO, lock_tool, requirement_pins
 IMAGES = REPO / "images"
 DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
 SCRIPTS = sorted(IMAGES.glob("*/*.sh"))
-FLAVORS = {"cpu", "nvidia", "xeon", "neuron", "operator"}
+FLAVORS = {"cpu", "nvidia", "xeon", "neuron", "neuron-native", "operator"}
 BASE_DOCKERFILE = IMAGES / "base" / "Dockerfile"
 # The architectures the images are built for (build.sh --platform linux/ARCH) and Debian's multiarch triplet of each.
 ARCHES = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+# The OS suite of each flavor's shared base (images/scripts/build.sh); the rest are bookworm.
+SUITES = {"neuron": "noble", "neuron-native": "resolute"}
+# Flavors whose vendor index cannot be locked here: they install their top-level pins, the Neuron release's from
+# their Dockerfile's ARG block.
+NEURON_FLAVORS = ("neuron", "neuron-native")
 # The runtime images share one layout; the operator's own image has its rules in test_operator_image.py.
 RUNTIME_DOCKERFILES = [p for p in DOCKERFILES if p.parent.name not in ("operator", "base")]
 # A RUN that downloads something (apt, PyPI, curl, uv) must mount the build's CA bundle secret.
@@ -112,7 +117,7 @@ def test_shared_base() -> None:
 def test_flavor_is_a_thin_from_of_the_base(dockerfile: Path) -> None:
     text = dockerfile.read_text(encoding="utf-8")
     before_first_from = text[: text.index("\nFROM ")]
-    suite = "noble" if dockerfile.parent.name == "neuron" else "bookworm"
+    suite = SUITES.get(dockerfile.parent.name, "bookworm")
     # The shared base's tags, which build.sh builds first (and passes again, explicitly).
     assert re.search(rf"^ARG RUNTIME_BASE=finetune-operator/runtime-base:{suite}$", before_first_from, re.M)
     assert re.search(rf"^ARG BUILDER=finetune-operator/builder:{suite}$", before_first_from, re.M)
@@ -137,7 +142,7 @@ def test_flavor_is_a_thin_from_of_the_base(dockerfile: Path) -> None:
     # requirements for the locked flavors, which install them from their lock.
     stack = (
         {"!requirements/stack/"}
-        if dockerfile.parent.name == "neuron"
+        if dockerfile.parent.name in NEURON_FLAVORS
         else {
             "!requirements/stack.txt",
             "!requirements/stack/",
@@ -230,6 +235,47 @@ def test_neuron_versions_come_from_one_release() -> None:
     hf_pins = requirement_pins(IMAGES / "neuron" / "requirements.txt")
     assert not [name for name in hf_pins if "neuron" in name or name.startswith("torch")], hf_pins
     assert hf_pins["transformers"].startswith("4.57.")
+
+
+def test_native_neuron_versions_come_from_one_release() -> None:
+    """The native stack's image pins TorchNeuron's first public release, SDK 2.33.0 (docs/hardware.md section 3):
+    all in one ARG block, each used where it installs something, nothing Neuron pinned anywhere else."""
+    dockerfile = (IMAGES / "neuron-native" / "Dockerfile").read_text(encoding="utf-8")
+    release_2_33 = {
+        "NEURON_SDK_VERSION": "2.33.0",
+        "NEURON_RUNTIME_LIB_VERSION": "2.35.30.0",
+        "NEURON_COLLECTIVES_VERSION": "2.35.43.0",
+        "NEURON_TOOLS_VERSION": "2.33.38.0",
+        "TORCH_NEURONX_VERSION": "2.14.3.0.*",
+        "NEURONX_CC_VERSION": "2.28.7631.0",
+        "NKI_VERSION": "0.7.0",
+        "TORCH_VERSION": "2.14.0",
+    }
+    first_from = dockerfile.index("\nFROM ")
+    for arg, version in release_2_33.items():
+        assert dockerfile.count(f"ARG {arg}=") == 1
+        assert dockerfile.index(f"ARG {arg}={version}\n") < first_from
+    # The family's PyTorch is the pinned torch (torch-neuronx 2.14.3.0.* pairs with PyTorch 2.14.0).
+    assert release_2_33["TORCH_NEURONX_VERSION"].startswith(release_2_33["TORCH_VERSION"].rsplit(".", 1)[0] + ".")
+    for pkg, arg in (("torch-neuronx", "TORCH_NEURONX_VERSION"), ("neuronx-cc", "NEURONX_CC_VERSION")):
+        assert f'"{pkg}==${{{arg}}}"' in dockerfile
+    assert '"nki==${NKI_VERSION}"' in dockerfile and '"torch==${TORCH_VERSION}"' in dockerfile
+    # The apt packages and the EFA installer go through the image's install script, with the ARGs in order.
+    assert (
+        '/ftjob/install-neuron.sh "${NEURON_RUNTIME_LIB_VERSION}" "${NEURON_COLLECTIVES_VERSION}" \\\n'
+        '      "${NEURON_TOOLS_VERSION}" "${EFA_INSTALLER_VERSION}"'
+    ) in dockerfile
+    script = (IMAGES / "neuron-native" / "install-neuron.sh").read_text(encoding="utf-8")
+    for pkg, var in (
+        ("aws-neuronx-runtime-lib", "runtime_lib"),
+        ("aws-neuronx-collectives", "collectives"),
+        ("aws-neuronx-tools", "tools"),
+    ):
+        assert f'"{pkg}=${{{var}}}*"' in script  # apt's version glob covers the Debian revision suffix
+    hf_pins = requirement_pins(IMAGES / "neuron-native" / "requirements.txt")
+    assert not [name for name in hf_pins if "neuron" in name or name.startswith("torch")], hf_pins
+    # the current Hugging Face stack (transformers 5 knows the neuron device), not the XLA image's 4.57
+    assert hf_pins["transformers"] == requirement_pins(REPO / "requirements" / "stack" / "hf.txt")["transformers"]
 
 
 def test_xeon_ipex_stack_matches() -> None:

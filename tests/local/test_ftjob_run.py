@@ -71,6 +71,27 @@ def test_local_env_says_the_pod_templates_volumes_are_not_made_here(
     assert "spec.podTemplate's volumes and init containers belong to the pods" in err and "/data" in err
 
 
+@pytest.mark.parametrize(
+    ("stack", "variable", "folder"),
+    [("xla", "NEURON_COMPILE_CACHE_URL", "neuron"), ("native", "TORCH_NEURONX_NEFF_CACHE_DIR", "neuron-neff")],
+)
+def test_local_env_keeps_the_stacks_compile_cache_in_the_workdir(
+    tmp_path: Path, stack: str, variable: str, folder: str
+) -> None:
+    """A trn2 job run on a trn2 machine: the stack's compile cache goes under the workdir's cache, not the pods'
+    /cache mount; an S3 cache URL (xla) stays as given."""
+    job = yaml.safe_load((ROOT / "examples" / "jobs" / "demo-ja-sentiment.yaml").read_text())
+    job["spec"]["hardware"] = {"profile": "trn2", "stack": stack, "instanceType": "trn2.48xlarge", "procsPerNode": 2}
+    env, _, _, _ = local_env(validate(job), tmp_path, None, None, None)
+    assert env[variable] == str((tmp_path / "cache" / folder).resolve())
+    other = {"NEURON_COMPILE_CACHE_URL", "TORCH_NEURONX_NEFF_CACHE_DIR"} - {variable}
+    assert not other & set(env)
+    if stack == "xla":
+        job["spec"]["compileCache"] = {"url": "s3://bucket/neff"}
+        env, _, _, _ = local_env(validate(job), tmp_path, None, None, None)
+        assert env[variable] == "s3://bucket/neff"
+
+
 def test_local_mpi_hostfile_matches_implementation(tmp_path: Path) -> None:
     job = _job("squad-mini-mpi.yaml")
     env, _, procs, _ = local_env(job, tmp_path, None, None, None)

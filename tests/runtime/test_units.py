@@ -766,9 +766,16 @@ def test_training_arguments_per_backend_and_mode(tmp_path: Path) -> None:
     assert args.get_warmup_steps(100) == 10  # warmupRatio 0.1, on transformers 4.57 and 5.x alike
     pre = training_arguments(cfg, cpu, one, tmp_path, precompile=True, precompile_steps=3)
     assert pre.torch_compile and pre.max_steps == 3 and pre.save_strategy == "no"
+    assert pre.torch_compile_backend == "inductor"
     neuron = plan_backend("neuron", "bf16", importable=lambda m: m == "torch_xla")
     nargs = training_arguments(cfg, neuron, two, tmp_path, precompile=True, precompile_steps=3)
     assert nargs.ddp_backend is None and not nargs.torch_compile and not nargs.bf16
+    # TorchNeuron (fake: its module's presence only): the trial compiles through torch.compile's neuron backend.
+    # fp32 on one rank: bf16 or a "neuron" process group would need the device here.
+    native = plan_backend("neuron-native", "fp32", importable=lambda m: m == "torch_neuronx")
+    fake_native = training_arguments(cfg, native, one, tmp_path, precompile=True, precompile_steps=3)
+    assert fake_native.torch_compile and fake_native.torch_compile_backend == "neuron" and not fake_native.use_cpu
+    assert not training_arguments(cfg, native, one, tmp_path, precompile=False, precompile_steps=3).torch_compile
 
 
 def test_mpirun_runs_a_jobs_own_command_instead_of_the_worker() -> None:

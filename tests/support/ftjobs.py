@@ -308,6 +308,22 @@ BAD_SPECS: list[BadSpec] = [
     ),
     BadSpec("unknown-task-type", "spec.task.type", _set("spec.task.type", "summarization")),
     BadSpec("cache-url-on-cpu", "spec.compileCache.url", _set("spec.compileCache", {"url": "s3://b/cache"})),
+    BadSpec(
+        "cache-url-on-trn2-native",
+        "spec.compileCache.url",
+        _both(
+            _set("spec.hardware.profile", "trn2"),
+            _set("spec.hardware.stack", "native"),
+            _set("spec.compileCache", {"url": "s3://b/cache"}),
+        ),
+    ),
+    BadSpec(
+        "stack-not-offered-trn1-native",
+        "spec.hardware.stack",
+        _both(_set("spec.hardware.profile", "trn1"), _set("spec.hardware.stack", "native")),
+    ),
+    BadSpec("stack-of-another-profile", "spec.hardware.stack", _set("spec.hardware.stack", "ipex")),
+    BadSpec("stack-not-a-name", "spec.hardware.stack", _set("spec.hardware.stack", "Native 2")),
     BadSpec("bad-clean-policy", "spec.runPolicy.cleanPodPolicy", _set("spec.runPolicy", {"cleanPodPolicy": "Never"})),
     BadSpec("typo-field", "spec.hardware.procPerNode", _set("spec.hardware.procPerNode", 2)),
     BadSpec("name-too-long", "metadata.name", _set("metadata.name", "a" * 60)),

@@ -201,8 +201,12 @@ def test_xeon_threads_hostfile_and_guaranteed_qos() -> None:
     assert c.layout.launcher == "mpi" and c.layout.world_size == 8
     worker = pod(c, "distilbert-squad-xeon-worker-0")["spec"]["containers"][0]
     env = env_of(worker)
-    # m7i.metal-48xl: 192 vCPUs - 4 reserved = 188 -> 94 cores -> 47 per rank -> 45 OMP threads + 2 CCL workers
-    assert env["OMP_NUM_THREADS"] == "45" and env["CCL_WORKER_COUNT"] == "2"
+    # m7i.metal-48xl: 192 vCPUs - 4 reserved = 188 -> 94 cores -> 47 per rank, all OMP threads: the default stack
+    # (upstream) has no oneCCL, so no core goes to its progress threads
+    assert env["OMP_NUM_THREADS"] == "47" and "CCL_WORKER_COUNT" not in env
+    assert not [k for k in env if k.startswith("CCL_")]
+    assert env["FTJOB_BACKEND"] == "xeon-upstream"
+    assert worker["image"].startswith("finetune-operator/xeon-upstream:")
     assert env["KMP_HW_SUBSET"] == "1T"
     assert env["LD_PRELOAD"].endswith("libtcmalloc.so.4")
     res = worker["resources"]
@@ -214,6 +218,62 @@ def test_xeon_threads_hostfile_and_guaranteed_qos() -> None:
     assert cm["data"]["hostfile"].splitlines() == [
         f"distilbert-squad-xeon-worker-{i}.distilbert-squad-xeon.default.svc:2" for i in range(4)
     ]
+
+
+def test_xeon_ipex_stack_gives_oneccl_its_cores_and_its_image() -> None:
+    """The seed's stack: 2 oneCCL progress threads per rank come out of its 47 cores, and the IPEX image."""
+    c = render(load_sample("xeon-distilbert-squad-ipex"))
+    assert c.layout.stack.name == "ipex"
+    worker = pod(c, "distilbert-squad-xeon-ipex-worker-0")["spec"]["containers"][0]
+    env = env_of(worker)
+    assert env["OMP_NUM_THREADS"] == "45" and env["CCL_WORKER_COUNT"] == "2"
+    assert env["CCL_WORKER_AFFINITY"] == "auto" and env["CCL_ATL_TRANSPORT"] == "mpi"
+    assert env["FTJOB_BACKEND"] == "xeon"
+    assert worker["image"].startswith("finetune-operator/xeon:")
+    # Everything but the stack is the same job: the same hostfile shape and resources as the upstream sample.
+    upstream = pod(render(load_sample("xeon-distilbert-squad")), "distilbert-squad-xeon-worker-0")
+    assert worker["resources"] == upstream["spec"]["containers"][0]["resources"]
+
+
+@pytest.mark.parametrize(
+    ("profile", "stack", "backend", "image", "cache"),
+    [
+        ("trn1", None, "neuron", "finetune-operator/neuron", ("NEURON_COMPILE_CACHE_URL", "/cache/neuron")),
+        ("trn2", None, "neuron", "finetune-operator/neuron", ("NEURON_COMPILE_CACHE_URL", "/cache/neuron")),
+        ("trn2", "xla", "neuron", "finetune-operator/neuron", ("NEURON_COMPILE_CACHE_URL", "/cache/neuron")),
+        (
+            "trn2",
+            "native",
+            "neuron-native",
+            "finetune-operator/neuron-native",
+            ("TORCH_NEURONX_NEFF_CACHE_DIR", "/cache/neuron-neff"),
+        ),
+        ("xeon-amx", None, "xeon-upstream", "finetune-operator/xeon-upstream", None),
+        ("xeon-amx", "ipex", "xeon", "finetune-operator/xeon", None),
+        ("cpu", None, "cpu", "finetune-operator/cpu", None),
+        ("nvidia", "upstream", "nvidia", "finetune-operator/nvidia", None),
+    ],
+)
+def test_the_stack_chooses_backend_image_and_compile_cache(
+    profile: str, stack: str | None, backend: str, image: str, cache: tuple[str, str] | None
+) -> None:
+    job = make_job().profile(profile).classification().training(precision="bf16")
+    if stack:
+        job.set("spec.hardware.stack", stack)
+    c = render(job.build())
+    ctr = c.pods[0]["spec"]["containers"][0]
+    env = env_of(ctr)
+    assert env["FTJOB_BACKEND"] == backend
+    assert ctr["image"].rsplit(":", 1)[0] == image
+    caches = {"NEURON_COMPILE_CACHE_URL", "TORCH_NEURONX_NEFF_CACHE_DIR"} & set(env)
+    assert {(k, env[k]) for k in caches} == ({cache} if cache else set())
+    # bf16 on XLA casts the model (stochastic rounding on); every other stack autocasts
+    assert ("NEURON_RT_STOCHASTIC_ROUNDING_EN" in env) == (backend == "neuron")
+
+
+def test_a_cache_url_replaces_the_xla_cache_directory() -> None:
+    c = render(make_job().profile("trn2").classification().cache(url="s3://b/neff").build())
+    assert env_of(c.pods[0]["spec"]["containers"][0])["NEURON_COMPILE_CACHE_URL"] == "s3://b/neff"
 
 
 def test_mpi_launcher_waits_for_dns_and_ssh_of_every_worker() -> None:

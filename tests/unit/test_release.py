@@ -34,7 +34,7 @@ def test_vendor_flavors_are_skipped_unless_asked_and_the_operator_is_always_rele
     release = release_module()
     flavors, skipped = release.plan_flavors(list(release.FLAVORS), False)
     assert flavors == ["operator", "cpu", "nvidia", "xeon-upstream"]
-    assert sorted(skipped) == ["neuron", "xeon"]
+    assert sorted(skipped) == ["neuron", "neuron-native", "xeon"]
     assert release.plan_flavors(["cpu", "operator"], True) == (["operator", "cpu"], {})
     with pytest.raises(SystemExit, match="the operator image is part of every release"):
         release.plan_flavors(["cpu"], False)
@@ -87,3 +87,16 @@ def test_release_refuses_before_building(registry: str, platform: str, message: 
     with pytest.raises(SystemExit, match=message.replace("[", r"\[").replace("]", r"\]")):
         release_module().release(args)
     assert not list(tmp_path.iterdir())
+
+
+def test_every_stacks_image_is_a_released_flavor_and_can_be_pinned_by_digest() -> None:
+    """A non-default stack's repository (xeon-amx ipex, trn2 native) is released and pinned like a default's."""
+    from finetune_operator import profiles
+
+    flavors = release_module().FLAVORS
+    for profile in profiles.load_all().values():
+        for stack in profile.stacks.values():
+            repository = stack.image_repository
+            assert repository.removeprefix("finetune-operator/") in flavors, f"{profile.name}/{stack.name}"
+            config = {"images": {"digests": {repository: DIGEST}}}
+            assert images.check_images_config(config) == [], f"{profile.name}/{stack.name}"

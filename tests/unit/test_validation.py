@@ -585,3 +585,55 @@ def test_output_path_may_not_reach_into_the_cache_folder() -> None:
     job = make_job().classification().set("spec.output", {"claimName": "shared", "path": ".finetune-cache/x"})
     with pytest.raises(InvalidSpec, match=r"spec.output.path"):
         validate(job.build())
+
+
+# --- issue 26: the software stack is a profile choice ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("profile", "stack", "offers"),
+    [("trn1", "native", "xla"), ("cpu", "ipex", "upstream"), ("xeon-amx", "xla", "upstream, ipex")],
+)
+def test_a_stack_the_profile_lacks_is_refused_naming_the_field_and_its_stacks(
+    profile: str, stack: str, offers: str
+) -> None:
+    job = make_job().profile(profile).classification().set("spec.hardware.stack", stack).build()
+    with pytest.raises(InvalidSpec) as exc:
+        validate(job)
+    (error,) = exc.value.errors
+    assert error.field == "spec.hardware.stack"
+    assert f"{profile} offers {offers}, not {stack!r}" in error.message
+    assert "trn2: xla (default), native" in error.message  # every profile's choices, the default marked
+
+
+@pytest.mark.parametrize(
+    ("profile", "stack"),
+    [("trn1", "xla"), ("trn2", "xla"), ("trn2", "native"), ("xeon-amx", "upstream"), ("xeon-amx", "ipex")],
+)
+def test_each_offered_stack_is_accepted_and_kept(profile: str, stack: str) -> None:
+    job = validate(make_job().profile(profile).classification().set("spec.hardware.stack", stack).build())
+    assert job["spec"]["hardware"]["stack"] == stack
+
+
+def test_no_stack_means_the_profiles_default_and_nothing_is_written_into_the_spec() -> None:
+    job = validate(make_job().profile("xeon-amx").classification().build())
+    assert "stack" not in job["spec"]["hardware"]  # the default is the profile's data, not a schema default
+
+
+def test_the_cache_url_follows_the_stack_not_the_profile() -> None:
+    validate(make_job().profile("trn2").classification().cache(url="s3://b/c").build())  # default stack: xla
+    validate(make_job().profile("trn2").classification().set("spec.hardware.stack", "xla").cache(url="/c").build())
+    with pytest.raises(InvalidSpec) as exc:
+        validate(
+            make_job().profile("trn2").classification().set("spec.hardware.stack", "native").cache(url="/c").build()
+        )
+    assert [e.field for e in exc.value.errors] == ["spec.compileCache.url"]
+    assert "trn1/xla, trn2/xla" in str(exc.value) and "spec.compileCache.claimName" in str(exc.value)
+
+
+def test_the_stack_rule_has_a_cel_twin_listing_each_profiles_stacks() -> None:
+    from finetune_operator import profiles
+
+    rule = next(r for r in profiles.profile_rules() if r.id == "stack-offered")
+    for p in profiles.load_all().values():
+        assert f"'{p.name}': [{', '.join(repr(s) for s in p.stacks)}]" in rule.cel

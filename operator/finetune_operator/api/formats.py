@@ -55,6 +55,8 @@ IMAGE = f"^[^{UNICODE_SPACES}]+$"
 S3_URL = r"^s3://[-A-Za-z0-9._]{1,255}(/|$)"
 # The Neuron compile cache (NEURON_COMPILE_CACHE_URL): such an S3 URL, or an absolute path.
 NEURON_CACHE_URL = r"^(s3://[-A-Za-z0-9._]{1,255}(/|$)|/.)"
+# A software stack's name (spec.hardware.stack); which names a profile offers is its data (profiles/*.yaml).
+STACK_NAME = r"^[a-z][a-z0-9-]*$"
 
 # A container's mountPath (spec.podTemplate): absolute, without '.', '..' or empty segments and without a trailing
 # '/', so that one directory has one spelling and comparing paths as strings says whether one lies under another
@@ -83,6 +85,7 @@ PATTERN_HINTS = {
     "(e.g. s3://my-bucket/results)",
     NEURON_CACHE_URL: "use s3://<bucket>/<prefix> (a bucket name of letters, digits, '.', '-' and '_') or an "
     "absolute path such as /cache/neuron",
+    STACK_NAME: "use a stack name of the profile (lower-case letters, digits and '-', e.g. native)",
 }
 
 # Resource names a container may request without a domain prefix (the rest carry one, e.g. nvidia.com/gpu).

@@ -129,6 +129,15 @@ HARDWARE = _o(
             "profile has a default (cpu: none, sized from resources).",
             maxLength=63,
         ),
+        "stack": _s(
+            "Software stack of the profile: trn1 offers xla (torch-neuronx on PyTorch/XLA, Neuron SDK 2.31); trn2 "
+            "xla (the default) or native (TorchNeuron: native PyTorch with torch.compile's neuron backend, Neuron "
+            "SDK 2.33 or newer); xeon-amx upstream (the default: current PyTorch, AMX through oneDNN) or ipex (IPEX "
+            "2.7 and oneCCL, archived); cpu and nvidia upstream. Selects the image, the runtime backend, the "
+            "compile cache and the stack's environment. Default: the profile's.",
+            maxLength=32,
+            pattern=f.STACK_NAME,
+        ),
         "nodes": _i("Number of pods that hold ranks (one per node).", minimum=1, maximum=1024, default=1),
         "procsPerNode": _i(
             "Training processes per pod. Derived when absent: one per requested NeuronCore (Trainium), one per "
@@ -385,7 +394,10 @@ TRAINING = _o(
         "evalEverySteps": _i("Evaluate every N steps; default: at each epoch end.", minimum=1, maximum=MAX_COUNT),
         "warmupRatio": _n("Fraction of steps for learning-rate warm-up.", minimum=0, maximum=1, default=0.0),
         "weightDecay": _n("AdamW weight decay.", minimum=0, maximum=1, default=0.0),
-        "compile": _b("Train through torch.compile (CPU, Xeon, nvidia).", default=False),
+        "compile": _b(
+            "Train through torch.compile (CPU, Xeon, nvidia; on trn2's native stack with its neuron backend).",
+            default=False,
+        ),
     },
 )
 
@@ -409,8 +421,8 @@ COMPILE_CACHE = _o(
             pattern=f.DNS_SUBDOMAIN,
         ),
         "url": _s(
-            "Neuron compile cache URL (s3://bucket/prefix); used instead of /cache/neuron. Without claimName "
-            "/cache is an emptyDir.",
+            "Neuron compile cache URL (s3://bucket/prefix) of the xla stack (trn1, trn2); used instead of "
+            "/cache/neuron. Without claimName /cache is an emptyDir.",
             maxLength=1024,
             pattern=f.NEURON_CACHE_URL,
         ),

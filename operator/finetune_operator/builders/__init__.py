@@ -34,8 +34,8 @@ class Desired:
 
 
 def image_for(job: dict[str, Any], layout: Layout, images: Mapping[str, Any] | None) -> str:
-    """spec.image, else the profile's repository with the operator's registry and tag (builders.images)."""
-    return str(job["spec"].get("image") or default_image(layout.profile.image_repository, images))
+    """spec.image, else the stack's repository with the operator's registry and tag (builders.images)."""
+    return str(job["spec"].get("image") or default_image(layout.stack.image_repository, images))
 
 
 def desired(

@@ -49,14 +49,15 @@ PRECOMPILE_STEPS_DEFAULT = COMPILE_CACHE["properties"]["precompileSteps"]["defau
 
 
 def thread_env(layout: Layout) -> dict[str, str]:
-    """OMP/oneCCL thread counts from the pod's CPUs (never from the host that renders them)."""
+    """OMP/oneCCL thread counts from the pod's CPUs (never from the host that renders them); a stack with oneCCL
+    gives each rank's progress threads their own cores."""
     p = layout.profile
     env: dict[str, str] = {}
     if p.threads is None or layout.cpu_per_pod is None:
         return env
     cores = int(layout.cpu_per_pod) // p.threads.threads_per_core
     per_proc = max(1, cores // layout.procs_per_node)
-    ccl = p.threads.ccl_worker_count
+    ccl = layout.stack.ccl_worker_count
     env["OMP_NUM_THREADS"] = str(max(1, per_proc - ccl))
     if ccl:
         env["CCL_WORKER_COUNT"] = str(ccl)
@@ -69,22 +70,25 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
     """Every variable the operator sets for the job's containers, before spec.env."""
     spec = job["spec"]
     p = layout.profile
+    stack = layout.stack
     training = spec.get("training") or {}
     cache = spec.get("compileCache") or {}
     output = spec.get("output") or {}
     env: dict[str, str] = {}
     env.update(p.env)
+    env.update(stack.env)
     env.update(thread_env(layout))
     if training.get("precision") == "bf16":
-        env.update(p.bf16_env)
+        env.update(stack.bf16_env)
     if layout.nodes > 1:
         env.update(p.multi_node_env)
     if layout.efa and p.efa:
         env.update(p.efa.env)
-    if p.backend == "neuron":
-        env["NEURON_COMPILE_CACHE_URL"] = cache.get("url") or f"{c.CACHE_DIR}/neuron"
-        if layout.nodes > 1:
-            env["NEURON_RT_ROOT_COMM_ID"] = f"{names.master_addr}:{c.NEURON_RT_COMM_PORT}"
+    if stack.compile_cache:
+        # spec.compileCache.url only where the stack's cache takes one (admission's cache-url-stack rule)
+        env[stack.compile_cache.variable] = cache.get("url") or f"{c.CACHE_DIR}/{stack.compile_cache.directory}"
+    if p.backend == "neuron" and layout.nodes > 1:
+        env["NEURON_RT_ROOT_COMM_ID"] = f"{names.master_addr}:{c.NEURON_RT_COMM_PORT}"
     env.update(
         {
             "FTJOB_JOB_NAME": names.job,
@@ -93,7 +97,7 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
             "FTJOB_JOB_UID": job_uid(job),
             "FTJOB_CONFIG": c.CONFIG_FILE,
             "FTJOB_PROFILE": p.name,
-            "FTJOB_BACKEND": p.backend,
+            "FTJOB_BACKEND": stack.backend,
             "FTJOB_LAUNCHER": layout.launcher,
             "FTJOB_NNODES": str(layout.nodes),
             "FTJOB_NPROC_PER_NODE": str(layout.procs_per_node),

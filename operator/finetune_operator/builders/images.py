@@ -1,8 +1,8 @@
 """The runtime image of a job: spec.image, else the profile's default, `registry/repository:tag`, or
 `registry/repository@sha256:...` where the config pins the repository's digest.
 
-The profile names the repository (profiles/*.yaml `imageRepository`); the operator's config file names the
-registry and the tag for every profile at once (`images: {registry, tag}`, the chart's `runtimeImages`).
+The profile's stack names the repository (profiles/*.yaml `stacks.<name>.imageRepository`); the operator's config
+file names the registry and the tag for every profile at once (`images: {registry, tag}`, the chart's `runtimeImages`).
 An empty registry means none (the image name as the repository gives it); an empty tag means the operator's own
 version, the repository's VERSION, which is the tag `make image-*` builds (mk/images.mk). So `ftjob render`
 without a config and the operator with the chart's defaults name the same images.
@@ -79,12 +79,13 @@ def _check_digests(digests: object) -> list[str]:
         return [f"images.{DIGESTS}: expected a mapping of image repository to digest, got {digests!r}"]
     from ..profiles import load_all
 
-    known = sorted({p.image_repository for p in load_all().values()})
+    known = sorted({s.image_repository for p in load_all().values() for s in p.stacks.values()})
     out = []
     for repository, digest in digests.items():
         if repository not in known:
             out.append(
-                f"images.{DIGESTS}.{repository}: not the image repository of any profile (known: {', '.join(known)})"
+                f"images.{DIGESTS}.{repository}: not the image repository of any profile's stack "
+                f"(known: {', '.join(known)})"
             )
         if not isinstance(digest, str) or not re.match(DIGEST_PATTERN, digest):
             out.append(f"images.{DIGESTS}.{repository}: {digest!r} is not an image digest (sha256:<64 hex digits>)")

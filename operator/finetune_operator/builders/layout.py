@@ -11,12 +11,13 @@ from typing import Any
 
 from .. import profiles
 from ..api.formats import parse_quantity
-from ..profiles import InstanceType, Profile
+from ..profiles import InstanceType, Profile, Stack
 
 
 @dataclass(frozen=True)
 class Layout:
     profile: Profile
+    stack: Stack  # spec.hardware.stack, else the profile's default: image, runtime backend, cache, its env
     instance: InstanceType | None
     launcher: str  # torchrun | mpi
     nodes: int
@@ -150,6 +151,7 @@ def resolve(job: dict[str, Any]) -> Layout:
     mpi = spec.get("mpi") or {}
     return Layout(
         profile=p,
+        stack=p.stack(hw.get("stack")),
         instance=inst,
         launcher=launcher,
         nodes=nodes,

@@ -1,6 +1,7 @@
 """The environment variables the operator sets, which spec.env may not override: derived by rendering every shape
-of job the builders know (each profile, launcher, single and multi node, bf16, precompile, S3 output, own
-command), so a variable a builder starts setting is reserved without a list to keep in step.
+of job the builders know (each profile and stack, launcher, single and multi node, bf16, precompile, S3 output,
+own command), so a variable a builder starts setting is reserved without a list to keep in step. A profile
+reserves what any of its stacks sets.
 
 spec.env wins over the derived values in the pods (env.py), so overriding MASTER_ADDR, the FTJOB_* contract or a
 profile's LD_PRELOAD would silently break rendezvous or the runtime; admission rejects it instead.
@@ -52,8 +53,13 @@ def shapes(profile: str) -> list[dict[str, Any]]:
     multi = [i for i in p.instance_types.values() if i.efa] or list(p.instance_types.values())
     instances = [None, *(i.name for i in multi[:1])]
     jobs = []
-    for inst, launcher, nodes, own in itertools.product(instances, ("torchrun", "mpi"), (1, 2), (False, True)):
-        spec: dict[str, Any] = {"hardware": {"profile": profile, "nodes": nodes}, "launcher": launcher}
+    for stack, inst, launcher, nodes, own in itertools.product(
+        p.stacks, instances, ("torchrun", "mpi"), (1, 2), (False, True)
+    ):
+        spec: dict[str, Any] = {
+            "hardware": {"profile": profile, "stack": stack, "nodes": nodes},
+            "launcher": launcher,
+        }
         if inst:
             spec["hardware"]["instanceType"] = inst
         if own:

@@ -9,8 +9,11 @@ from typing import Any
 
 import yaml
 
+from ..api.formats import STACK_NAME, re2_search
 from ..api.rules import Rule
-from ..api.schema import PRECISIONS, PROFILES
+from ..api.schema import HARDWARE, PRECISIONS, PROFILES
+
+STACK_NAME_MAX = HARDWARE["properties"]["stack"]["maxLength"]  # what spec.hardware.stack can hold
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,30 @@ class Efa:
 @dataclass(frozen=True)
 class Threads:
     threads_per_core: int
-    ccl_worker_count: int
     tcmalloc: str | None = None
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    """A stack's compile cache: the variable the operator sets, and where."""
+
+    variable: str  # e.g. NEURON_COMPILE_CACHE_URL; the runtime backend's compile_cache_var names the same
+    directory: str  # under the pods' cache mount (constants.CACHE_DIR), when spec.compileCache.url is not given
+    url: bool  # spec.compileCache.url (s3://... or an absolute path) may take the directory's place
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One software stack of a profile (spec.hardware.stack): what its pods run and how."""
+
+    name: str
+    description: str
+    backend: str  # the runtime backend (FTJOB_BACKEND): an entry of runtime/finetune_runtime/backends.py
+    image_repository: str  # the default image's repository; registry and tag: builders.images
+    env: dict[str, str] = field(default_factory=dict)  # over the profile's env
+    bf16_env: dict[str, str] = field(default_factory=dict)  # added under training.precision bf16
+    ccl_worker_count: int = 0  # oneCCL progress threads per rank, taken from the rank's cores (builders/env.py)
+    compile_cache: CompileCache | None = None  # None: the runtime keeps torch.compile's cache itself
 
 
 @dataclass(frozen=True)
@@ -84,9 +109,10 @@ class Profile:
     name: str
     revision: str
     description: str
-    backend: str
+    backend: str  # the device family (neuron, xeon, cpu, nvidia); each stack names its runtime backend
     default_launcher: str
-    image_repository: str  # the default image's repository; registry and tag: builders.images
+    stacks: dict[str, Stack]  # spec.hardware.stack -> Stack, the default first
+    default_stack: str
     procs_per: str  # core | socket | device | one
     run_as_user: int
     reserved_vcpus: int
@@ -101,13 +127,21 @@ class Profile:
     tolerations: tuple[dict[str, Any], ...] = ()
     node_selector: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
-    bf16_env: dict[str, str] = field(default_factory=dict)
     multi_node_env: dict[str, str] = field(default_factory=dict)
     efa: Efa | None = None
     threads: Threads | None = None
     default_resources: dict[str, str] = field(default_factory=dict)
     default_mpi: str = "mpich"  # MPI implementation in the profile's image
     throughput: Throughput | None = None
+
+    def stack(self, name: str | None) -> Stack:
+        """spec.hardware.stack, else the profile's default (admission refused a stack the profile lacks)."""
+        return self.stacks[name or self.default_stack]
+
+    @property
+    def image_repository(self) -> str:
+        """The default stack's image repository: the profile's default image."""
+        return self.stacks[self.default_stack].image_repository
 
     def instance(self, name: str | None) -> InstanceType | None:
         key = name or self.default_instance_type
@@ -192,6 +226,46 @@ def _throughput(profile: str, raw: Any, instance_types: set[str]) -> Throughput 
     return Throughput(unit, devices, default, by_type)
 
 
+_STACK_KEYS = {"description", "backend", "imageRepository", "env", "bf16Env", "cclWorkerCount", "compileCache"}
+
+
+def _stacks(profile: str, raw: Any, default: Any) -> dict[str, Stack]:
+    """Validate and read the `stacks:` block; a mistake names the profile file and the key."""
+    where = f"profiles/{profile}.yaml stacks"
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"{where}: at least one stack, by name (spec.hardware.stack)")
+    out: dict[str, Stack] = {}
+    for name, s in raw.items():
+        if not isinstance(s, dict):
+            raise ValueError(f"{where}.{name}: expected a mapping with backend, imageRepository and description")
+        if not re2_search(STACK_NAME, str(name)) or len(str(name)) > STACK_NAME_MAX:
+            raise ValueError(
+                f"{where}.{name}: a stack name is lower-case letters, digits and '-' (spec.hardware.stack)"
+            )
+        unknown = set(s) - _STACK_KEYS
+        if unknown:
+            raise ValueError(f"{where}.{name}: unknown keys {sorted(unknown)}; known: {sorted(_STACK_KEYS)}")
+        missing = [k for k in ("description", "backend", "imageRepository") if not s.get(k)]
+        if missing:
+            raise ValueError(f"{where}.{name}: give {', '.join(missing)}")
+        cache = s.get("compileCache")
+        out[str(name)] = Stack(
+            name=str(name),
+            description=str(s["description"]),
+            backend=str(s["backend"]),
+            image_repository=str(s["imageRepository"]),
+            env={k: str(v) for k, v in (s.get("env") or {}).items()},
+            bf16_env={k: str(v) for k, v in (s.get("bf16Env") or {}).items()},
+            ccl_worker_count=int(s.get("cclWorkerCount", 0)),
+            compile_cache=CompileCache(str(cache["variable"]), str(cache["directory"]), bool(cache["url"]))
+            if cache
+            else None,
+        )
+    if default not in out:
+        raise ValueError(f"profiles/{profile}.yaml defaultStack: {default!r} is not one of stacks {sorted(out)}")
+    return {default: out[default], **out}
+
+
 def _parse(raw: dict[str, Any]) -> Profile:
     efa = raw.get("efa")
     threads = raw.get("threads")
@@ -201,7 +275,8 @@ def _parse(raw: dict[str, Any]) -> Profile:
         description=raw["description"],
         backend=raw["backend"],
         default_launcher=raw["defaultLauncher"],
-        image_repository=raw["imageRepository"],
+        stacks=_stacks(raw["name"], raw.get("stacks"), raw.get("defaultStack")),
+        default_stack=str(raw.get("defaultStack")),
         procs_per=raw["procsPer"],
         run_as_user=int(raw["runAsUser"]),
         reserved_vcpus=int(raw["reservedVcpus"]),
@@ -216,14 +291,11 @@ def _parse(raw: dict[str, Any]) -> Profile:
         tolerations=tuple(raw.get("tolerations") or ()),
         node_selector={k: str(v) for k, v in (raw.get("nodeSelector") or {}).items()},
         env={k: str(v) for k, v in (raw.get("env") or {}).items()},
-        bf16_env={k: str(v) for k, v in (raw.get("bf16Env") or {}).items()},
         multi_node_env={k: str(v) for k, v in (raw.get("multiNodeEnv") or {}).items()},
         efa=Efa(efa["resource"], {k: str(v) for k, v in (efa.get("env") or {}).items()}, efa.get("hugepages2Mi"))
         if efa
         else None,
-        threads=Threads(int(threads["threadsPerCore"]), int(threads["cclWorkerCount"]), threads.get("tcmalloc"))
-        if threads
-        else None,
+        threads=Threads(int(threads["threadsPerCore"]), threads.get("tcmalloc")) if threads else None,
         default_resources={k: str(v) for k, v in (raw.get("defaultResources") or {}).items()},
         default_mpi=raw.get("defaultMpi", "mpich"),
         throughput=_throughput(raw["name"], raw.get("throughput"), set(raw.get("instanceTypes") or {})),
@@ -273,8 +345,16 @@ def profile_rules() -> list[Rule]:
         for i in p.instance_types.values()
         if p.multi_node_needs_efa and i.efa == 0
     )
-    neuron = [p.name for p in profiles.values() if p.backend == "neuron"]
     defaults = {p.name: p.default_instance_type for p in profiles.values() if p.default_instance_type}
+    stacks = {p.name: list(p.stacks) for p in profiles.values()}
+    default_stacks = {p.name: p.default_stack for p in profiles.values()}
+    # "profile/stack" of the stacks whose compile cache spec.compileCache.url may name (the XLA Neuron cache)
+    url_caches = sorted(
+        f"{p.name}/{s.name}"
+        for p in profiles.values()
+        for s in p.stacks.values()
+        if s.compile_cache and s.compile_cache.url
+    )
 
     def itype(h: dict[str, Any]) -> str | None:
         t = h.get("instanceType") or defaults.get(h.get("profile", ""))
@@ -287,7 +367,37 @@ def profile_rules() -> list[Rule]:
         f"self.profile + '/' + {_cel_map({k: repr(v) for k, v in defaults.items()})}[self.profile] : ''))"
     )
     table = "\n".join(f"  {p}: {', '.join(t)}" for p, t in by_profile.items())
+    offered = "\n".join(
+        f"  {p}: {', '.join(f'{s} (default)' if s == default_stacks[p] else s for s in names)}"
+        for p, names in stacks.items()
+    )
+
+    def stack_key(spec: dict[str, Any]) -> str:
+        hw = spec.get("hardware") or {}
+        profile = str(hw.get("profile", ""))
+        return f"{profile}/{hw.get('stack') or default_stacks.get(profile, '')}"
+
+    # CEL: the effective "profile/stack", with the profile's default stack when spec.hardware.stack is absent.
+    stack_key_cel = (
+        "self.hardware.profile + '/' + (has(self.hardware.stack) ? self.hardware.stack : "
+        f"{_cel_map({k: repr(v) for k, v in default_stacks.items()})}[self.hardware.profile])"
+    )
     return [
+        Rule(
+            "stack-offered",
+            "spec.hardware",
+            f"!has(self.stack) || self.stack in {_cel_map({k: _cel_list(v) for k, v in stacks.items()})}[self.profile]",
+            ".stack",
+            "spec.hardware.stack is not a stack of this profile; use one of (or leave it out for the default):\n"
+            + offered,
+            lambda h: "stack" not in h or h["stack"] in stacks.get(h.get("profile", ""), []),
+            describe=lambda h: (
+                f"spec.hardware.stack: {h.get('profile')} offers "
+                + ", ".join(stacks.get(h.get("profile", ""), []))
+                + f", not {h.get('stack')!r}; set one of them or leave the field out for the default "
+                f"({default_stacks.get(h.get('profile', ''))}). Each profile's stacks:\n" + offered
+            ),
+        ),
         Rule(
             "instance-type-known",
             "spec.hardware",
@@ -331,12 +441,13 @@ def profile_rules() -> list[Rule]:
             lambda h: h.get("nodes", 1) == 1 or itype(h) not in single_node_only,
         ),
         Rule(
-            "cache-url-neuron-only",
+            "cache-url-stack",
             "spec",
-            f"!has(self.compileCache) || !has(self.compileCache.url) || self.hardware.profile in {_cel_list(neuron)}",
+            f"!has(self.compileCache) || !has(self.compileCache.url) || {stack_key_cel} in {_cel_list(url_caches)}",
             ".compileCache.url",
-            "spec.compileCache.url is the Neuron compile cache (NEURON_COMPILE_CACHE_URL); on this profile use "
-            "spec.compileCache.claimName",
-            lambda s: "url" not in (s.get("compileCache") or {}) or s.get("hardware", {}).get("profile") in neuron,
+            "spec.compileCache.url names the Neuron compile cache of the XLA stack (NEURON_COMPILE_CACHE_URL: s3:// "
+            f"or a path), which only {', '.join(url_caches)} use; this profile and stack keep their compile cache in "
+            "a directory: use spec.compileCache.claimName",
+            lambda s: "url" not in (s.get("compileCache") or {}) or stack_key(s) in url_caches,
         ),
     ]
