@@ -13,10 +13,12 @@ as here (bound to the operator's real ClusterRoles from manifests/rbac/rbac.yaml
 3. steady: every pod is reported Running (as a kubelet would) and the operator's request rate is measured
    over a window while nothing changes: the per-job cost of keeping jobs watched and their progress fresh.
 
-`--peer` (make bench-peer) measures three systems on the same control plane, interleaved over `--rounds`
-rounds (the order rotates each round): raw, ours, and the peer, Kubeflow training-operator v1.8.1's
-PyTorchJob controller (built from its Go module by tools/cluster, run as a host process, tools/cluster
-ftjob_cluster/peer.py) as user `bench-peer` (cluster-admin). Each operator is started fresh for its turn;
+`--peer` (make bench-peer) measures four systems on the same control plane, interleaved over `--rounds`
+rounds (the order rotates each round): raw; the floor, what any operator must pay per job (the FineTuneJob's
+create, its children and one status patch, written by the benchmark itself as user `bench-floor`); ours; and
+the peer, Kubeflow training-operator v1.8.1's PyTorchJob controller (built from its Go module by tools/cluster,
+run as a host process, tools/cluster ftjob_cluster/peer.py) as user `bench-peer` (cluster-admin). Each
+operator is started fresh for its turn;
 one measurement (`Bench.measure`) serves both: N jobs x 2 ranks, then 1 job x `--wide` ranks; makespan and
 per-job p50/p95/max until every pod and Service exists, operator CPU per job, RSS at rest / peak / after
 every job is deleted, and requests per job from the audit log. `--readme` writes the table (peer_report.py).
@@ -36,10 +38,11 @@ import statistics
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +56,9 @@ from operator_support import Kubelet, NodeLogs, install_crd, running_operator
 
 from finetune_operator.admission import validate
 from finetune_operator.builders import desired
+from finetune_operator.controller import CREATE_CONCURRENCY
 from finetune_operator.k8s import Kube
+from finetune_operator.reconcile import Observed, reconcile
 from finetune_operator.sshkeys import generate_keys
 from finetune_runtime.progress import format_line
 from ftjob_cluster import bins
@@ -71,7 +76,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 OPERATOR_USER = "bench-operator"
 PEER_USER = "bench-peer"
-RAW_THREADS = 8
+FLOOR_USER = "bench-floor"
+# Requests raw and the floor keep in flight, and the writers every system's jobs are created with: the operator's
+# own create pool (controller.CREATE_CONCURRENCY), so that raw and the floor write as many objects at a time as
+# ours can, and no more.
+RAW_THREADS = CREATE_CONCURRENCY
+SYSTEMS = ("raw", "floor", "ours", "peer")
 NODE = "bench-node"
 LEAD_IN_SECONDS = 30.0  # after every job is Running, before the steady window opens
 HEARTBEAT_SECONDS = 10.0  # the node's Lease renewal (the node lifecycle controller's grace period is 50 s)
@@ -153,6 +163,76 @@ PEER = System(
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+PLACEHOLDER_UID = "00000000-0000-0000-0000-00000000f100"  # the job's uid until its create answers
+
+
+def with_uid(value: Any, uid: str) -> Any:
+    """`value` (an object built for PLACEHOLDER_UID) with the job's real uid wherever the placeholder stood."""
+    if isinstance(value, dict):
+        return {k: with_uid(v, uid) for k, v in value.items()}
+    if isinstance(value, list):
+        return [with_uid(v, uid) for v in value]
+    return uid if value == PLACEHOLDER_UID else value
+
+
+def first_pass(
+    name: str, ns: str, ranks: int = PODS_PER_JOB
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """What the floor writes for one job: the manifest ours is given, and what our operator's first pass over it
+    plans (the pure reconcile(), run before the clock starts): its children, owned by the job (PLACEHOLDER_UID
+    until the create answers), and the status it writes once (phase Pending, the Created condition)."""
+    manifest = job_manifest(name, ns, ranks)
+    job = validate(copy.deepcopy(manifest))
+    job["metadata"]["uid"] = PLACEHOLDER_UID
+    job["metadata"]["generation"] = 1
+    plan = reconcile(job, Observed(pods=[], objects={}, now=datetime.now(UTC), ssh_keys=lambda: generate_keys(name)))
+    return manifest, plan.create, plan.status
+
+
+Task = Callable[[], "list[Task]"]
+
+
+def run_pipelined(first: list[Task], threads: int) -> None:
+    """Run `first` on `threads` threads. Each task returns the tasks its completion allows (a job's children and
+    status patch once its create answered); those go before the rest of `first`, as an operator starts on a job
+    as soon as it appears, and at most `threads` tasks run at a time. The first error is raised once the tasks
+    already running have ended; nothing new starts after it."""
+    waiting, follow = deque(first), deque[Task]()
+    lock = threading.Condition()
+    active = 0
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        nonlocal active
+        while True:
+            with lock:
+                while not (follow or waiting) and active and not errors:
+                    lock.wait()
+                if errors or not (follow or waiting):  # nothing left, and nothing running can add any
+                    lock.notify_all()
+                    return
+                task = follow.popleft() if follow else waiting.popleft()
+                active += 1
+            more: list[Task] = []
+            try:
+                more = task()
+            except BaseException as e:  # re-raised in the caller's thread below
+                with lock:
+                    errors.append(e)
+            with lock:
+                follow.extend(more)
+                active -= 1
+                lock.notify_all()
+
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def bench_cluster(directory: Path, apiserver_flags: list[str]) -> LocalCluster:
@@ -319,9 +399,14 @@ class Bench:
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.kubectl = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)
-        writer = copy.copy(self.api.configuration)
+        self.writer = self._pooled(self.api)  # raw's objects and every system's jobs: RAW_THREADS at a time
+        self.floor_writer: client.ApiClient | None = None  # the floor's children and status patches (install())
+
+    @staticmethod
+    def _pooled(api: client.ApiClient) -> client.ApiClient:
+        writer = copy.copy(api.configuration)
         writer.connection_pool_maxsize = RAW_THREADS
-        self.writer = client.ApiClient(writer)  # raw's objects and every system's jobs: RAW_THREADS at a time
+        return client.ApiClient(writer)
 
     def quiet(self) -> None:
         """Until the API server and etcd idle (under 15% of a CPU for 2 s): the first turn began while a fresh
@@ -338,12 +423,21 @@ class Bench:
 
     def install(self) -> Path:
         install_crd(self.kubectl, wait_for)
+        # rbac.yaml's Role for the leader-election Lease lives in the operator's namespace: it must exist first.
+        self.kubectl("create", "namespace", "finetune-operator")
         self.kubectl("apply", "-f", str(ROOT / "manifests" / "rbac" / "rbac.yaml"))
         for role in ("finetune-operator", "finetune-operator-cluster"):
             self.kubectl(
                 "create", "clusterrolebinding", f"bench-{role}", f"--clusterrole={role}", f"--user={OPERATOR_USER}"
             )
+            # The floor writes what the operator writes, as an audited user with the operator's roles: the same
+            # authorization and audit-log cost per request as ours, and its requests counted the same way.
+            self.kubectl(
+                "create", "clusterrolebinding", f"bench-floor-{role}", f"--clusterrole={role}", f"--user={FLOOR_USER}"
+            )
         assert self.cluster.ctx is not None
+        floor_kubeconfig = self.cluster.ctx.write_kubeconfig("bench-floor", FLOOR_USER)
+        self.floor_writer = self._pooled(config.new_client_from_config(str(floor_kubeconfig)))
         return self.cluster.ctx.write_kubeconfig("bench-operator", OPERATOR_USER)
 
     def namespace(self, name: str) -> str:
@@ -546,17 +640,98 @@ class Bench:
         out = {"narrow": self.raw(jobs, ns=f"{ns_prefix}-narrow")}
         self.quiet()
         out["wide"] = self.raw(1, wide, ns=f"{ns_prefix}-wide")
-        for ns in (f"{ns_prefix}-narrow", f"{ns_prefix}-wide"):  # no owner: nothing collects them but the
-            # namespace's deletion; the pods first, at once (no kubelet confirms a graceful deletion here)
+        self.drop_namespaces([f"{ns_prefix}-narrow", f"{ns_prefix}-wide"])  # no owner: nothing else collects them
+        return out
+
+    def drop_namespaces(self, names: list[str]) -> None:
+        """Delete the namespaces and wait until they are gone; the pods first, at once (no kubelet confirms a
+        graceful deletion here)."""
+        for ns in names:
             self.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
             self.core.delete_namespace(ns)
-        for ns in (f"{ns_prefix}-narrow", f"{ns_prefix}-wide"):
+        for ns in names:
             wait_for(
                 lambda ns=ns: ns not in {n.metadata.name for n in self.core.list_namespace().items},
                 timeout=600,
                 interval=1.0,
                 message=f"namespace {ns} deleted",
             )
+
+    # --- the floor: what any operator must pay ----------------------------------------------------------------
+    def floor(self, jobs: int, ranks: int = PODS_PER_JOB, ns: str = "bench-floor") -> dict[str, Any]:
+        """N FineTuneJobs created as ours are (the admin's writer, validated by the CRD's schema and rules); as
+        each create answers, its children (the objects our operator's first pass plans, owned by the job) and ONE
+        status patch (the status that pass writes), as user `bench-floor`. One pool of RAW_THREADS threads does
+        all of it. A job is done when the same watches as ours see its last child and its status patch has
+        answered; requests per job are `bench-floor`'s from the audit log (the job's create is the user's, as it
+        is for ours and the peer)."""
+        assert self.floor_writer is not None, "install() first"
+        ns = self.namespace(ns)
+        planned = [first_pass(f"job-{i}", ns, ranks) for i in range(jobs)]  # keys and plans before the clock
+        assert all(len([c for c in children if c["kind"] == "Pod"]) == ranks for _, children, _ in planned)
+        jobs_path = f"/apis/{OURS.group}/{OURS.version}/namespaces/{ns}/{OURS.plural}"
+        user, operator = Kube(self.writer), Kube(self.floor_writer)
+        created: dict[str, float] = {}
+        patched: dict[str, float] = {}
+
+        def job(manifest: dict[str, Any], children: list[dict[str, Any]], status: dict[str, Any]) -> Task:
+            name = manifest["metadata"]["name"]
+
+            def create() -> list[Task]:
+                uid = user._json("POST", jobs_path, manifest)["metadata"]["uid"]
+                created[name] = time.monotonic()
+                return [*(write(with_uid(c, uid)) for c in children), patch(with_uid(status, uid))]
+
+            def write(child: dict[str, Any]) -> Task:
+                def run() -> list[Task]:
+                    operator.create(child)
+                    return []
+
+                return run
+
+            def patch(new: dict[str, Any]) -> Task:
+                def run() -> list[Task]:
+                    operator.patch_status(ns, name, {}, new)
+                    patched[name] = time.monotonic()
+                    return []
+
+                return run
+
+            return create
+
+        mark = count_requests(self.audit_log, FLOOR_USER, ns)
+        arrivals = Arrivals(self.api, ns, OURS.job_label)
+        cpu = self.control_plane_cpu()
+        start = time.monotonic()
+        try:
+            run_pipelined([job(*p) for p in planned], RAW_THREADS)
+            seen = arrivals.wait_complete(list(created), ranks, OURS.services_per_job(ranks), 120, "floor")
+        finally:
+            arrivals.close()
+        cpu = self.control_plane_cpu() - cpu
+        done = {n: max(seen[n], patched[n]) for n in created}
+        latencies = [done[n] - created[n] for n in created]
+        used = count_requests(self.audit_log, FLOOR_USER, ns) - mark
+        return {
+            "jobs": jobs,
+            "ranks": ranks,
+            "threads": RAW_THREADS,
+            "controlPlaneCpuSeconds": round(cpu, 2),
+            "makespanSeconds": round(max(done.values()) - start, 3),
+            "latencySeconds": {
+                "p50": round(statistics.median(latencies), 3),
+                "p95": round(percentile(latencies, 0.95), 3),
+                "max": round(max(latencies), 3),
+            },
+            "requests": dict(sorted(used.items())),
+            "requestsPerJob": round(sum(used.values()) / jobs, 1),
+        }
+
+    def floor_turn(self, ns_prefix: str, jobs: int, wide: int) -> dict[str, Any]:
+        out = {"narrow": self.floor(jobs, ns=f"{ns_prefix}-narrow")}
+        self.quiet()
+        out["wide"] = self.floor(1, wide, ns=f"{ns_prefix}-wide")
+        self.drop_namespaces([f"{ns_prefix}-narrow", f"{ns_prefix}-wide"])  # the jobs, and their children by GC
         return out
 
     # --- 3. steady state -------------------------------------------------------------------------------------
@@ -626,21 +801,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="keep the scratch folder (operator logs, etcd data, audit log) after a successful run",
     )
-    peer = ap.add_argument_group("raw, ours and the Kubeflow peer, interleaved (make bench-peer)")
+    peer = ap.add_argument_group("raw, the floor, ours and the Kubeflow peer, interleaved (make bench-peer)")
     peer.add_argument("--peer", action="store_true", help="measure raw, ours and the peer (no steady state)")
     peer.add_argument("--rounds", type=int, default=1, help="interleaved rounds (the order rotates each round)")
-    peer.add_argument("--systems", default="raw,ours,peer", help="which of raw,ours,peer to run (comma-separated)")
+    peer.add_argument(
+        "--systems", default=",".join(SYSTEMS), help=f"which of {','.join(SYSTEMS)} to run (comma-separated)"
+    )
     peer.add_argument("--readme", type=Path, help="write the table into this Markdown file's bench-peer block")
     args = ap.parse_args(argv)
     systems = [x for x in args.systems.split(",") if x]
-    unknown = sorted(set(systems) - {"raw", "ours", "peer"})
+    unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
-        ap.error(f"--systems: unknown {', '.join(unknown)}; use raw, ours and/or peer")
+        ap.error(f"--systems: unknown {', '.join(unknown)}; use {', '.join(SYSTEMS)} (any of them)")
     if args.jobs < 1 or args.rounds < 1 or args.wide < 1:
         ap.error("--jobs, --rounds and --wide must be at least 1")
     if args.window < 0 or args.log_every <= 0:
         ap.error("--window must be at least 0 and --log-every above 0")
-    if (args.readme or args.rounds != 1 or args.systems != "raw,ours,peer") and not args.peer:
+    if (args.readme or args.rounds != 1 or args.systems != ",".join(SYSTEMS)) and not args.peer:
         ap.error("--rounds, --systems and --readme belong to --peer")
     args.systems = systems if args.peer else ["raw", "ours"]
     if args.peer:
@@ -662,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, work: Path) -> int:
     policy = work / "audit-policy.yaml"
-    policy.write_text(yaml.safe_dump(policy_for_user(OPERATOR_USER, PEER_USER)))
+    policy.write_text(yaml.safe_dump(policy_for_user(OPERATOR_USER, PEER_USER, FLOOR_USER)))
     audit_log = work / "audit.log"
     cluster = bench_cluster(
         work / "cluster",
@@ -686,6 +863,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
             node.close()
         results["watches"] = watch_uris(audit_log, OPERATOR_USER)
     print(peer_report.table(results))
+    if args.peer:
+        print(peer_report.goal(results))
     if args.readme:
         peer_report.write_section(args.readme, peer_report.section(results, peer_report.command(results)))
     write_json(args.json, results)
@@ -736,6 +915,8 @@ def turns(
             bench.quiet()
             if system == "raw":
                 this["raw"] = bench.raw_turn(prefix, args.jobs, args.wide)
+            elif system == "floor":
+                this["floor"] = bench.floor_turn(prefix, args.jobs, args.wide)
             else:
                 steady = None
                 if system == "ours" and args.window:
