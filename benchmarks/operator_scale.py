@@ -77,9 +77,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OPERATOR_USER = "bench-operator"
 PEER_USER = "bench-peer"
 FLOOR_USER = "bench-floor"
-# Requests raw and the floor keep in flight, and the writers every system's jobs are created with: the operator's
-# own create pool (controller.CREATE_CONCURRENCY), so that raw and the floor write as many objects at a time as
-# ours can, and no more.
+# Requests raw keeps in flight, and the writers every system's jobs are created with (the floor's too): as many as
+# the operator's own create pool (controller.CREATE_CONCURRENCY), the pool the floor writes a job's children and
+# status patch with. One number: raw writes as many objects at a time as ours can, and no more.
 RAW_THREADS = CREATE_CONCURRENCY
 SYSTEMS = ("raw", "floor", "ours", "peer")
 NODE = "bench-node"
@@ -194,27 +194,28 @@ def first_pass(
 Task = Callable[[], "list[Task]"]
 
 
-def run_pipelined(first: list[Task], threads: int) -> None:
-    """Run `first` on `threads` threads. Each task returns the tasks its completion allows (a job's children and
-    status patch once its create answered); those go before the rest of `first`, as an operator starts on a job
-    as soon as it appears, and at most `threads` tasks run at a time. The first error is raised once the tasks
+def run_pipelined(first: list[Task], threads: int, follow_threads: int) -> None:
+    """Run `first` on a pool of `threads` threads (the user creating jobs) and what each task returns once it is
+    done (a job's children and status patch once its create answered) on a second pool of `follow_threads` (the
+    operator's writes), as ours runs: the benchmark's writers create jobs while the operator's create pool writes
+    their children. Follow-ups may return follow-ups of their own. The first error is raised once the tasks
     already running have ended; nothing new starts after it."""
     waiting, follow = deque(first), deque[Task]()
     lock = threading.Condition()
-    active = 0
+    active = {"first": 0, "follow": 0}
     errors: list[BaseException] = []
 
-    def worker() -> None:
-        nonlocal active
+    def worker(pool: str) -> None:
+        mine = waiting if pool == "first" else follow
         while True:
             with lock:
-                while not (follow or waiting) and active and not errors:
-                    lock.wait()
-                if errors or not (follow or waiting):  # nothing left, and nothing running can add any
+                while not mine and not errors and pool == "follow" and (waiting or any(active.values())):
+                    lock.wait()  # a job being created (or a write running) may still give this pool work
+                if errors or not mine:  # nothing left, and nothing running can add any
                     lock.notify_all()
                     return
-                task = follow.popleft() if follow else waiting.popleft()
-                active += 1
+                task = mine.popleft()
+                active[pool] += 1
             more: list[Task] = []
             try:
                 more = task()
@@ -223,13 +224,14 @@ def run_pipelined(first: list[Task], threads: int) -> None:
                     errors.append(e)
             with lock:
                 follow.extend(more)
-                active -= 1
+                active[pool] -= 1
                 lock.notify_all()
 
-    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
-    for t in pool:
+    pools = [("first", threads), ("follow", follow_threads)]
+    workers = [threading.Thread(target=worker, args=(p,), daemon=True) for p, n in pools for _ in range(n)]
+    for t in workers:
         t.start()
-    for t in pool:
+    for t in workers:
         t.join()
     if errors:
         raise errors[0]
@@ -661,10 +663,12 @@ class Bench:
     def floor(self, jobs: int, ranks: int = PODS_PER_JOB, ns: str = "bench-floor") -> dict[str, Any]:
         """N FineTuneJobs created as ours are (the admin's writer, validated by the CRD's schema and rules); as
         each create answers, its children (the objects our operator's first pass plans, owned by the job) and ONE
-        status patch (the status that pass writes), as user `bench-floor`. One pool of RAW_THREADS threads does
-        all of it. A job is done when the same watches as ours see its last child and its status patch has
-        answered; requests per job are `bench-floor`'s from the audit log (the job's create is the user's, as it
-        is for ours and the peer)."""
+        status patch (the status that pass writes), as user `bench-floor`. The jobs are created RAW_THREADS at a
+        time, as ours are; their writes go through a second pool of CREATE_CONCURRENCY threads, as our operator's
+        creates do (one pool for both was slower than ours on a loaded machine, benchmarks/README.md: its
+        requests in flight were the limit, not the API server). A job is done when the same watches as ours see
+        its last child and its status patch has answered; requests per job are `bench-floor`'s from the audit log
+        (the job's create is the user's, as it is for ours and the peer)."""
         assert self.floor_writer is not None, "install() first"
         ns = self.namespace(ns)
         planned = [first_pass(f"job-{i}", ns, ranks) for i in range(jobs)]  # keys and plans before the clock
@@ -704,7 +708,7 @@ class Bench:
         cpu = self.control_plane_cpu()
         start = time.monotonic()
         try:
-            run_pipelined([job(*p) for p in planned], RAW_THREADS)
+            run_pipelined([job(*p) for p in planned], RAW_THREADS, CREATE_CONCURRENCY)
             seen = arrivals.wait_complete(list(created), ranks, OURS.services_per_job(ranks), 120, "floor")
         finally:
             arrivals.close()
@@ -715,7 +719,7 @@ class Bench:
         return {
             "jobs": jobs,
             "ranks": ranks,
-            "threads": RAW_THREADS,
+            "threads": {"jobs": RAW_THREADS, "writes": CREATE_CONCURRENCY},
             "controlPlaneCpuSeconds": round(cpu, 2),
             "makespanSeconds": round(max(done.values()) - start, 3),
             "latencySeconds": {

@@ -86,33 +86,42 @@ def test_the_floor_writes_what_our_first_pass_writes_owned_by_the_job() -> None:
     assert sum(c["kind"] == "Pod" for c in wide) == 64
 
 
-def test_pipelined_writes_follow_their_job_and_stay_within_the_pool() -> None:
+def test_pipelined_writes_follow_their_job_each_pool_within_its_size() -> None:
     lock = threading.Lock()
-    running, most, log = 0, 0, []
+    running = {"create": 0, "child": 0}
+    most = {"create": 0, "child": 0}
+    log: list[str] = []
 
     def step(name: str, then: list[operator_scale.Task]) -> operator_scale.Task:
+        kind = name.split("-")[0]
+
         def run() -> list[operator_scale.Task]:
-            nonlocal running, most
             with lock:
-                running += 1
-                most = max(most, running)
+                running[kind] += 1
+                most[kind] = max(most[kind], running[kind])
                 log.append(name)
-            time.sleep(0.01)  # long enough for the other threads to pile up if the pool let them
+            time.sleep(0.01)  # long enough for the other threads to pile up if a pool let them
             with lock:
-                running -= 1
+                running[kind] -= 1
             return then
 
         return run
 
-    jobs = [step(f"create-{i}", [step(f"child-{i}-{k}", []) for k in range(5)]) for i in range(12)]
-    operator_scale.run_pipelined(jobs, 4)
-    assert sorted(log) == sorted(
-        [f"create-{i}" for i in range(12)] + [f"child-{i}-{k}" for i in range(12) for k in range(5)]
-    )
+    def grandchild(i: int) -> list[operator_scale.Task]:
+        return [step(f"child-{i}-late", [])]  # a follow-up's own follow-up runs too
+
+    jobs = [
+        step(f"create-{i}", [step(f"child-{i}-{k}", grandchild(i) if k == 0 else []) for k in range(5)])
+        for i in range(12)
+    ]
+    operator_scale.run_pipelined(jobs, 2, 3)
+    wanted = [f"create-{i}" for i in range(12)] + [f"child-{i}-{k}" for i in range(12) for k in [*range(5), "late"]]
+    assert sorted(log) == sorted(wanted)
     assert all(log.index(f"create-{i}") < log.index(f"child-{i}-{k}") for i in range(12) for k in range(5))
-    assert most == 4
-    # A job's writes go before jobs not yet created: the last create starts after the first job's writes.
-    assert log.index("create-11") > log.index("child-0-4")
+    assert all(log.index(f"child-{i}-0") < log.index(f"child-{i}-late") for i in range(12))
+    assert most == {"create": 2, "child": 3}
+    # The jobs' writes start while jobs are still being created, as ours's operator works beside the creators.
+    assert log.index("create-11") > log.index("child-0-0")
 
 
 def test_pipelined_writes_raise_the_first_error_and_start_nothing_after_it() -> None:
@@ -125,8 +134,14 @@ def test_pipelined_writes_raise_the_first_error_and_start_nothing_after_it() -> 
         return lambda: ran.append(i) or []
 
     with pytest.raises(RuntimeError, match="409"):
-        operator_scale.run_pipelined([fail, *(fine(i) for i in range(50))], 1)
+        operator_scale.run_pipelined([fail, *(fine(i) for i in range(50))], 1, 1)
     assert ran == []
+
+    def child_fails() -> list[operator_scale.Task]:
+        return [fail]
+
+    with pytest.raises(RuntimeError, match="409"):
+        operator_scale.run_pipelined([child_fails], 1, 2)
 
 
 def test_both_systems_make_one_pod_per_rank() -> None:
