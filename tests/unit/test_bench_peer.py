@@ -272,6 +272,9 @@ def test_goal_line_says_plainly_whether_the_run_met_it() -> None:
     assert missed.endswith("- This run did not meet the goal.")
     met = peer_report.goal(_results(3, floor=9.0))  # 11 / 9 = 1.22×
     assert "**not met**" not in met and met.endswith("- This run met the goal.")
+    assert "no lower bound" not in met
+    below = peer_report.goal(_results(3, floor=12.0))  # ours 11 s before the floor's 12 s: said, not hidden
+    assert "- Ours finished before the floor: in this run the floor's makespan was no lower bound" in below
     without_floor = _results(1)
     del without_floor["rounds"][0]["floor"]
     text = peer_report.goal(without_floor)
