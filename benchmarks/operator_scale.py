@@ -32,13 +32,14 @@ import argparse
 import contextlib
 import copy
 import json
+import multiprocessing
 import os
 import platform
 import statistics
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -191,50 +192,47 @@ def first_pass(
     return manifest, plan.create, plan.status
 
 
-Task = Callable[[], "list[Task]"]
+WriteJob = tuple[str, str, list[dict[str, Any]], dict[str, Any]]  # (namespace, job name, children, status)
 
 
-def run_pipelined(first: list[Task], threads: int, follow_threads: int) -> None:
-    """Run `first` on a pool of `threads` threads (the user creating jobs) and what each task returns once it is
-    done (a job's children and status patch once its create answered) on a second pool of `follow_threads` (the
-    operator's writes), as ours runs: the benchmark's writers create jobs while the operator's create pool writes
-    their children. Follow-ups may return follow-ups of their own. The first error is raised once the tasks
-    already running have ended; nothing new starts after it."""
-    waiting, follow = deque(first), deque[Task]()
-    lock = threading.Condition()
-    active = {"first": 0, "follow": 0}
-    errors: list[BaseException] = []
+def serve_writes(
+    inbox: Any,
+    outbox: Any,
+    create: Callable[[dict[str, Any]], object],
+    patch: Callable[[str, str, dict[str, Any]], object],
+    threads: int,
+) -> None:
+    """The floor's operator side: for each (namespace, name, children, status) from `inbox`, its children created
+    and its status patched, `threads` writes at a time across jobs (as the operator's create pool); `outbox`
+    gets (name, clock time the patch answered) per job, ("!error", message) for a write that failed, and
+    ("!done", 0.0) once `inbox` gave None and every write has ended."""
+    with ThreadPoolExecutor(threads) as pool:
 
-    def worker(pool: str) -> None:
-        mine = waiting if pool == "first" else follow
-        while True:
-            with lock:
-                while not mine and not errors and pool == "follow" and (waiting or any(active.values())):
-                    lock.wait()  # a job being created (or a write running) may still give this pool work
-                if errors or not mine:  # nothing left, and nothing running can add any
-                    lock.notify_all()
-                    return
-                task = mine.popleft()
-                active[pool] += 1
-            more: list[Task] = []
+        def report(name: str, write: Callable[[], object], last: bool) -> None:
             try:
-                more = task()
-            except BaseException as e:  # re-raised in the caller's thread below
-                with lock:
-                    errors.append(e)
-            with lock:
-                follow.extend(more)
-                active[pool] -= 1
-                lock.notify_all()
+                write()
+            except Exception as e:  # told to the parent, which raises it
+                outbox.put(("!error", f"{name}: {e}"))
+                return
+            if last:
+                outbox.put((name, time.monotonic()))
 
-    pools = [("first", threads), ("follow", follow_threads)]
-    workers = [threading.Thread(target=worker, args=(p,), daemon=True) for p, n in pools for _ in range(n)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    if errors:
-        raise errors[0]
+        while (job := inbox.get()) is not None:
+            ns, name, children, status = job
+            for child in children:
+                pool.submit(report, name, lambda c=child: create(c), False)
+            pool.submit(report, name, lambda ns=ns, name=name, status=status: patch(ns, name, status), True)
+    outbox.put(("!done", 0.0))
+
+
+def floor_writes(kubeconfig: str, inbox: Any, outbox: Any) -> None:
+    """serve_writes in a process of its own, as user `bench-floor` (`kubeconfig`), through the operator's own
+    request path (k8s.Kube): the floor's writes do not share the benchmark's process, as ours' do not."""
+    kube = Kube(Bench._pooled(config.new_client_from_config(kubeconfig)))
+    outbox.put(("!ready", 0.0))
+    serve_writes(
+        inbox, outbox, kube.create, lambda ns, name, status: kube.patch_status(ns, name, {}, status), CREATE_CONCURRENCY
+    )
 
 
 def bench_cluster(directory: Path, apiserver_flags: list[str]) -> LocalCluster:
@@ -402,7 +400,7 @@ class Bench:
         self.custom = client.CustomObjectsApi(self.api)
         self.kubectl = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)
         self.writer = self._pooled(self.api)  # raw's objects and every system's jobs: RAW_THREADS at a time
-        self.floor_writer: client.ApiClient | None = None  # the floor's children and status patches (install())
+        self.floor_kubeconfig: Path | None = None  # the floor's children and status patches (install())
 
     @staticmethod
     def _pooled(api: client.ApiClient) -> client.ApiClient:
@@ -438,8 +436,7 @@ class Bench:
                 "create", "clusterrolebinding", f"bench-floor-{role}", f"--clusterrole={role}", f"--user={FLOOR_USER}"
             )
         assert self.cluster.ctx is not None
-        floor_kubeconfig = self.cluster.ctx.write_kubeconfig("bench-floor", FLOOR_USER)
-        self.floor_writer = self._pooled(config.new_client_from_config(str(floor_kubeconfig)))
+        self.floor_kubeconfig = self.cluster.ctx.write_kubeconfig("bench-floor", FLOOR_USER)
         return self.cluster.ctx.write_kubeconfig("bench-operator", OPERATOR_USER)
 
     def namespace(self, name: str) -> str:
@@ -661,65 +658,63 @@ class Bench:
 
     # --- the floor: what any operator must pay ----------------------------------------------------------------
     def floor(self, jobs: int, ranks: int = PODS_PER_JOB, ns: str = "bench-floor") -> dict[str, Any]:
-        """N FineTuneJobs created as ours are (the admin's writer, validated by the CRD's schema and rules); as
-        each create answers, its children (the objects our operator's first pass plans, owned by the job) and ONE
-        status patch (the status that pass writes), as user `bench-floor`. The jobs are created RAW_THREADS at a
-        time, as ours are; their writes go through a second pool of CREATE_CONCURRENCY threads, as our operator's
-        creates do (one pool for both was slower than ours on a loaded machine, benchmarks/README.md: its
-        requests in flight were the limit, not the API server). A job is done when the same watches as ours see
-        its last child and its status patch has answered; requests per job are `bench-floor`'s from the audit log
-        (the job's create is the user's, as it is for ours and the peer)."""
-        assert self.floor_writer is not None, "install() first"
+        """N FineTuneJobs created as ours are (the admin's writer, RAW_THREADS at a time, validated by the CRD's
+        schema and rules); as each create answers, its children (the objects our operator's first pass plans,
+        owned by the job) and ONE status patch (the status that pass writes) are handed to a process of their
+        own (floor_writes), which writes them as user `bench-floor`, CREATE_CONCURRENCY at a time, as our
+        operator's create pool does. (Written from the benchmark's own process, by one pool or two, the floor
+        finished after ours on a loaded machine: benchmarks/README.md.) A job is done when the same watches as
+        ours see its last child and its status patch has answered; requests per job are `bench-floor`'s from the
+        audit log (the job's create is the user's, as it is for ours and the peer)."""
+        assert self.floor_kubeconfig is not None, "install() first"
         ns = self.namespace(ns)
         planned = [first_pass(f"job-{i}", ns, ranks) for i in range(jobs)]  # keys and plans before the clock
         assert all(len([c for c in children if c["kind"] == "Pod"]) == ranks for _, children, _ in planned)
         jobs_path = f"/apis/{OURS.group}/{OURS.version}/namespaces/{ns}/{OURS.plural}"
-        user, operator = Kube(self.writer), Kube(self.floor_writer)
+        user = Kube(self.writer)
         created: dict[str, float] = {}
         patched: dict[str, float] = {}
+        spawn = multiprocessing.get_context("spawn")  # no fork of a process with threads
+        inbox, outbox = spawn.Queue(), spawn.Queue()
+        writer = spawn.Process(target=floor_writes, args=(str(self.floor_kubeconfig), inbox, outbox), daemon=True)
+        writer.start()
+        try:
+            if outbox.get(timeout=120)[0] != "!ready":
+                raise RuntimeError("floor: the writer process did not start")
 
-        def job(manifest: dict[str, Any], children: list[dict[str, Any]], status: dict[str, Any]) -> Task:
-            name = manifest["metadata"]["name"]
-
-            def create() -> list[Task]:
+            def create(manifest: dict[str, Any], children: list[dict[str, Any]], status: dict[str, Any]) -> None:
+                name = manifest["metadata"]["name"]
                 uid = user._json("POST", jobs_path, manifest)["metadata"]["uid"]
                 created[name] = time.monotonic()
-                return [*(write(with_uid(c, uid)) for c in children), patch(with_uid(status, uid))]
+                inbox.put((ns, name, with_uid(children, uid), with_uid(status, uid)))
 
-            def write(child: dict[str, Any]) -> Task:
-                def run() -> list[Task]:
-                    operator.create(child)
-                    return []
-
-                return run
-
-            def patch(new: dict[str, Any]) -> Task:
-                def run() -> list[Task]:
-                    operator.patch_status(ns, name, {}, new)
-                    patched[name] = time.monotonic()
-                    return []
-
-                return run
-
-            return create
-
-        mark = count_requests(self.audit_log, FLOOR_USER, ns)
-        arrivals = Arrivals(self.api, ns, OURS.job_label)
-        cpu = self.control_plane_cpu()
-        start = time.monotonic()
-        try:
-            run_pipelined([job(*p) for p in planned], RAW_THREADS, CREATE_CONCURRENCY)
-            seen = arrivals.wait_complete(list(created), ranks, OURS.services_per_job(ranks), 120, "floor")
+            mark = count_requests(self.audit_log, FLOOR_USER, ns)
+            arrivals = Arrivals(self.api, ns, OURS.job_label)
+            cpu = self.control_plane_cpu()
+            start = time.monotonic()
+            try:
+                with ThreadPoolExecutor(RAW_THREADS) as pool:
+                    list(pool.map(lambda p: create(*p), planned))
+                inbox.put(None)
+                while (answer := outbox.get(timeout=max(120, jobs * 3)))[0] != "!done":
+                    if answer[0] == "!error":
+                        raise RuntimeError(f"floor: a write failed: {answer[1]}")
+                    patched[answer[0]] = answer[1]  # time.monotonic() is the system's, the same in both processes
+                seen = arrivals.wait_complete(list(created), ranks, OURS.services_per_job(ranks), 120, "floor")
+            finally:
+                arrivals.close()
+            cpu = self.control_plane_cpu() - cpu
         finally:
-            arrivals.close()
-        cpu = self.control_plane_cpu() - cpu
+            writer.join(timeout=30)
+            if writer.is_alive():
+                writer.kill()
         done = {n: max(seen[n], patched[n]) for n in created}
         latencies = [done[n] - created[n] for n in created]
         used = count_requests(self.audit_log, FLOOR_USER, ns) - mark
         return {
             "jobs": jobs,
             "ranks": ranks,
-            "threads": {"jobs": RAW_THREADS, "writes": CREATE_CONCURRENCY},
+            "threads": {"jobs": RAW_THREADS, "writes": CREATE_CONCURRENCY, "writesInOwnProcess": True},
             "controlPlaneCpuSeconds": round(cpu, 2),
             "makespanSeconds": round(max(done.values()) - start, 3),
             "latencySeconds": {

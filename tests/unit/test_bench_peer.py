@@ -5,6 +5,7 @@ measured by the benchmark, never asserted here."""
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from pathlib import Path
@@ -86,62 +87,60 @@ def test_the_floor_writes_what_our_first_pass_writes_owned_by_the_job() -> None:
     assert sum(c["kind"] == "Pod" for c in wide) == 64
 
 
-def test_pipelined_writes_follow_their_job_each_pool_within_its_size() -> None:
+def _served(
+    jobs: list[tuple[str, str, list[dict[str, Any]], dict[str, Any]] | None], fail: str = ""
+) -> tuple[list[tuple[str, str]], int, list[Any]]:
+    """serve_writes over in-memory queues, with writes that record themselves (and fail for the job `fail`)."""
+    inbox: queue.Queue[Any] = queue.Queue()
+    outbox: queue.Queue[Any] = queue.Queue()
+    for job in jobs:
+        inbox.put(job)
     lock = threading.Lock()
-    running = {"create": 0, "child": 0}
-    most = {"create": 0, "child": 0}
-    log: list[str] = []
+    state = {"running": 0, "most": 0}
+    writes: list[tuple[str, str]] = []
 
-    def step(name: str, then: list[operator_scale.Task]) -> operator_scale.Task:
-        kind = name.split("-")[0]
+    def write(what: str, name: str) -> None:
+        with lock:
+            state["running"] += 1
+            state["most"] = max(state["most"], state["running"])
+            writes.append((what, name))
+        time.sleep(0.01)  # long enough for the other threads to pile up if the pool let them
+        with lock:
+            state["running"] -= 1
+        if name == fail:
+            raise RuntimeError(f"409 on {name}")
 
-        def run() -> list[operator_scale.Task]:
-            with lock:
-                running[kind] += 1
-                most[kind] = max(most[kind], running[kind])
-                log.append(name)
-            time.sleep(0.01)  # long enough for the other threads to pile up if a pool let them
-            with lock:
-                running[kind] -= 1
-            return then
-
-        return run
-
-    def grandchild(i: int) -> list[operator_scale.Task]:
-        return [step(f"child-{i}-late", [])]  # a follow-up's own follow-up runs too
-
-    jobs = [
-        step(f"create-{i}", [step(f"child-{i}-{k}", grandchild(i) if k == 0 else []) for k in range(5)])
-        for i in range(12)
-    ]
-    operator_scale.run_pipelined(jobs, 2, 3)
-    wanted = [f"create-{i}" for i in range(12)] + [f"child-{i}-{k}" for i in range(12) for k in [*range(5), "late"]]
-    assert sorted(log) == sorted(wanted)
-    assert all(log.index(f"create-{i}") < log.index(f"child-{i}-{k}") for i in range(12) for k in range(5))
-    assert all(log.index(f"child-{i}-0") < log.index(f"child-{i}-late") for i in range(12))
-    assert most == {"create": 2, "child": 3}
-    # The jobs' writes start while jobs are still being created, as ours's operator works beside the creators.
-    assert log.index("create-11") > log.index("child-0-0")
+    operator_scale.serve_writes(
+        inbox,
+        outbox,
+        lambda child: write("create", child["metadata"]["name"]),
+        lambda ns, name, status: write(f"patch {ns} {status['phase']}", name),
+        3,
+    )
+    answers = []
+    while not outbox.empty():
+        answers.append(outbox.get())
+    return writes, state["most"], answers
 
 
-def test_pipelined_writes_raise_the_first_error_and_start_nothing_after_it() -> None:
-    ran: list[int] = []
+def test_the_floors_writer_creates_every_child_and_patches_each_job_once_within_its_pool() -> None:
+    def job(name: str) -> tuple[str, str, list[dict[str, Any]], dict[str, Any]]:
+        children = [{"metadata": {"name": f"{name}-{k}"}} for k in range(4)]
+        return ("ns", name, children, {"phase": "Pending"})
 
-    def fail() -> list[operator_scale.Task]:
-        raise RuntimeError("409 from the API server")
+    writes, most, answers = _served([job(f"job-{i}") for i in range(5)] + [None])
+    assert sorted(n for w, n in writes if w == "create") == sorted(f"job-{i}-{k}" for i in range(5) for k in range(4))
+    assert sorted(n for w, n in writes if w.startswith("patch")) == [f"job-{i}" for i in range(5)]
+    assert all(w == "patch ns Pending" for w, n in writes if w.startswith("patch"))
+    assert most == 3  # CREATE_CONCURRENCY in the benchmark: never more writes in flight
+    assert sorted(a[0] for a in answers[:-1]) == [f"job-{i}" for i in range(5)]  # one patch time per job
+    assert all(isinstance(t, float) for _, t in answers[:-1]) and answers[-1] == ("!done", 0.0)
 
-    def fine(i: int) -> operator_scale.Task:
-        return lambda: ran.append(i) or []
 
-    with pytest.raises(RuntimeError, match="409"):
-        operator_scale.run_pipelined([fail, *(fine(i) for i in range(50))], 1, 1)
-    assert ran == []
-
-    def child_fails() -> list[operator_scale.Task]:
-        return [fail]
-
-    with pytest.raises(RuntimeError, match="409"):
-        operator_scale.run_pipelined([child_fails], 1, 2)
+def test_the_floors_writer_reports_a_failed_write_and_still_ends() -> None:
+    writes, _, answers = _served([("ns", "job-0", [], {"phase": "Pending"}), None], fail="job-0")
+    assert writes == [("patch ns Pending", "job-0")]
+    assert answers == [("!error", "job-0: 409 on job-0"), ("!done", 0.0)]
 
 
 def test_both_systems_make_one_pod_per_rank() -> None:
