@@ -13,10 +13,12 @@ as here (bound to the operator's real ClusterRoles from manifests/rbac/rbac.yaml
 3. steady: every pod is reported Running (as a kubelet would) and the operator's request rate is measured
    over a window while nothing changes: the per-job cost of keeping jobs watched and their progress fresh.
 
-`--peer` (make bench-peer) measures three systems on the same control plane, interleaved over `--rounds`
-rounds (the order rotates each round): raw, ours, and the peer, Kubeflow training-operator v1.8.1's
-PyTorchJob controller (built from its Go module by tools/cluster, run as a host process, tools/cluster
-ftjob_cluster/peer.py) as user `bench-peer` (cluster-admin). Each operator is started fresh for its turn;
+`--peer` (make bench-peer) measures four systems on the same control plane, interleaved over `--rounds`
+rounds (the order rotates each round): raw; the floor, what any operator must pay per job (the FineTuneJob's
+create, its children and one status patch, written by the benchmark itself as user `bench-floor`); ours; and
+the peer, Kubeflow training-operator v1.8.1's PyTorchJob controller (built from its Go module by tools/cluster,
+run as a host process, tools/cluster ftjob_cluster/peer.py) as user `bench-peer` (cluster-admin). Each
+operator is started fresh for its turn;
 one measurement (`Bench.measure`) serves both: N jobs x 2 ranks, then 1 job x `--wide` ranks; makespan and
 per-job p50/p95/max until every pod and Service exists, operator CPU per job, RSS at rest / peak / after
 every job is deleted, and requests per job from the audit log. `--readme` writes the table (peer_report.py).
@@ -30,6 +32,7 @@ import argparse
 import contextlib
 import copy
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -40,6 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +57,9 @@ from operator_support import Kubelet, NodeLogs, install_crd, running_operator
 
 from finetune_operator.admission import validate
 from finetune_operator.builders import desired
+from finetune_operator.controller import CREATE_CONCURRENCY
 from finetune_operator.k8s import Kube
+from finetune_operator.reconcile import Observed, reconcile
 from finetune_operator.sshkeys import generate_keys
 from finetune_runtime.progress import format_line
 from ftjob_cluster import bins
@@ -71,7 +77,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 OPERATOR_USER = "bench-operator"
 PEER_USER = "bench-peer"
-RAW_THREADS = 8
+FLOOR_USER = "bench-floor"
+# Requests raw keeps in flight, and the writers every system's jobs are created with (the floor's too): as many as
+# the operator's own create pool (controller.CREATE_CONCURRENCY), the pool the floor writes a job's children and
+# status patch with. One number: raw writes as many objects at a time as ours can, and no more.
+RAW_THREADS = CREATE_CONCURRENCY
+SYSTEMS = ("raw", "floor", "ours", "peer")
 NODE = "bench-node"
 LEAD_IN_SECONDS = 30.0  # after every job is Running, before the steady window opens
 HEARTBEAT_SECONDS = 10.0  # the node's Lease renewal (the node lifecycle controller's grace period is 50 s)
@@ -153,6 +164,75 @@ PEER = System(
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+PLACEHOLDER_UID = "00000000-0000-0000-0000-00000000f100"  # the job's uid until its create answers
+
+
+def with_uid(value: Any, uid: str) -> Any:
+    """`value` (an object built for PLACEHOLDER_UID) with the job's real uid wherever the placeholder stood."""
+    if isinstance(value, dict):
+        return {k: with_uid(v, uid) for k, v in value.items()}
+    if isinstance(value, list):
+        return [with_uid(v, uid) for v in value]
+    return uid if value == PLACEHOLDER_UID else value
+
+
+def first_pass(
+    name: str, ns: str, ranks: int = PODS_PER_JOB
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """What the floor writes for one job: the manifest ours is given, and what our operator's first pass over it
+    plans (the pure reconcile(), run before the clock starts): its children, owned by the job (PLACEHOLDER_UID
+    until the create answers), and the status it writes once (phase Pending, the Created condition)."""
+    manifest = job_manifest(name, ns, ranks)
+    job = validate(copy.deepcopy(manifest))
+    job["metadata"]["uid"] = PLACEHOLDER_UID
+    job["metadata"]["generation"] = 1
+    plan = reconcile(job, Observed(pods=[], objects={}, now=datetime.now(UTC), ssh_keys=lambda: generate_keys(name)))
+    return manifest, plan.create, plan.status
+
+
+WriteJob = tuple[str, str, list[dict[str, Any]], dict[str, Any]]  # (namespace, job name, children, status)
+
+
+def serve_writes(
+    inbox: Any,
+    outbox: Any,
+    create: Callable[[dict[str, Any]], object],
+    patch: Callable[[str, str, dict[str, Any]], object],
+    threads: int,
+) -> None:
+    """The floor's operator side: for each (namespace, name, children, status) from `inbox`, its children created
+    and its status patched, `threads` writes at a time across jobs (as the operator's create pool); `outbox`
+    gets (name, clock time the patch answered) per job, ("!error", message) for a write that failed, and
+    ("!done", 0.0) once `inbox` gave None and every write has ended."""
+    with ThreadPoolExecutor(threads) as pool:
+
+        def report(name: str, write: Callable[[], object], last: bool) -> None:
+            try:
+                write()
+            except Exception as e:  # told to the parent, which raises it
+                outbox.put(("!error", f"{name}: {e}"))
+                return
+            if last:
+                outbox.put((name, time.monotonic()))
+
+        while (job := inbox.get()) is not None:
+            ns, name, children, status = job
+            for child in children:
+                pool.submit(report, name, lambda c=child: create(c), False)
+            pool.submit(report, name, lambda ns=ns, name=name, status=status: patch(ns, name, status), True)
+    outbox.put(("!done", 0.0))
+
+
+def floor_writes(kubeconfig: str, inbox: Any, outbox: Any) -> None:
+    """serve_writes in a process of its own, as user `bench-floor` (`kubeconfig`), through the operator's own
+    request path (k8s.Kube): the floor's writes do not share the benchmark's process, as ours' do not."""
+    kube = Kube(Bench._pooled(config.new_client_from_config(kubeconfig)))
+    outbox.put(("!ready", 0.0))
+    serve_writes(
+        inbox, outbox, kube.create, lambda ns, name, status: kube.patch_status(ns, name, {}, status), CREATE_CONCURRENCY
+    )
 
 
 def bench_cluster(directory: Path, apiserver_flags: list[str]) -> LocalCluster:
@@ -319,9 +399,14 @@ class Bench:
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.kubectl = make_kubectl(bins.ensure_binary("kubectl"), cluster.kubeconfig)
-        writer = copy.copy(self.api.configuration)
+        self.writer = self._pooled(self.api)  # raw's objects and every system's jobs: RAW_THREADS at a time
+        self.floor_kubeconfig: Path | None = None  # the floor's children and status patches (install())
+
+    @staticmethod
+    def _pooled(api: client.ApiClient) -> client.ApiClient:
+        writer = copy.copy(api.configuration)
         writer.connection_pool_maxsize = RAW_THREADS
-        self.writer = client.ApiClient(writer)  # raw's objects and every system's jobs: RAW_THREADS at a time
+        return client.ApiClient(writer)
 
     def quiet(self) -> None:
         """Until the API server and etcd idle (under 15% of a CPU for 2 s): the first turn began while a fresh
@@ -338,12 +423,20 @@ class Bench:
 
     def install(self) -> Path:
         install_crd(self.kubectl, wait_for)
+        # rbac.yaml's Role for the leader-election Lease lives in the operator's namespace: it must exist first.
+        self.kubectl("create", "namespace", "finetune-operator")
         self.kubectl("apply", "-f", str(ROOT / "manifests" / "rbac" / "rbac.yaml"))
         for role in ("finetune-operator", "finetune-operator-cluster"):
             self.kubectl(
                 "create", "clusterrolebinding", f"bench-{role}", f"--clusterrole={role}", f"--user={OPERATOR_USER}"
             )
+            # The floor writes what the operator writes, as an audited user with the operator's roles: the same
+            # authorization and audit-log cost per request as ours, and its requests counted the same way.
+            self.kubectl(
+                "create", "clusterrolebinding", f"bench-floor-{role}", f"--clusterrole={role}", f"--user={FLOOR_USER}"
+            )
         assert self.cluster.ctx is not None
+        self.floor_kubeconfig = self.cluster.ctx.write_kubeconfig("bench-floor", FLOOR_USER)
         return self.cluster.ctx.write_kubeconfig("bench-operator", OPERATOR_USER)
 
     def namespace(self, name: str) -> str:
@@ -546,17 +639,98 @@ class Bench:
         out = {"narrow": self.raw(jobs, ns=f"{ns_prefix}-narrow")}
         self.quiet()
         out["wide"] = self.raw(1, wide, ns=f"{ns_prefix}-wide")
-        for ns in (f"{ns_prefix}-narrow", f"{ns_prefix}-wide"):  # no owner: nothing collects them but the
-            # namespace's deletion; the pods first, at once (no kubelet confirms a graceful deletion here)
+        self.drop_namespaces([f"{ns_prefix}-narrow", f"{ns_prefix}-wide"])  # no owner: nothing else collects them
+        return out
+
+    def drop_namespaces(self, names: list[str]) -> None:
+        """Delete the namespaces and wait until they are gone; the pods first, at once (no kubelet confirms a
+        graceful deletion here)."""
+        for ns in names:
             self.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
             self.core.delete_namespace(ns)
-        for ns in (f"{ns_prefix}-narrow", f"{ns_prefix}-wide"):
+        for ns in names:
             wait_for(
                 lambda ns=ns: ns not in {n.metadata.name for n in self.core.list_namespace().items},
                 timeout=600,
                 interval=1.0,
                 message=f"namespace {ns} deleted",
             )
+
+    # --- the floor: what any operator must pay ----------------------------------------------------------------
+    def floor(self, jobs: int, ranks: int = PODS_PER_JOB, ns: str = "bench-floor") -> dict[str, Any]:
+        """N FineTuneJobs created as ours are (the admin's writer, RAW_THREADS at a time, validated by the CRD's
+        schema and rules); as each create answers, its children (the objects our operator's first pass plans,
+        owned by the job) and ONE status patch (the status that pass writes) are handed to a process of their
+        own (floor_writes), which writes them as user `bench-floor`, CREATE_CONCURRENCY at a time, as our
+        operator's create pool does. (Written from the benchmark's own process, by one pool or two, the floor
+        finished after ours on a loaded machine: benchmarks/README.md.) A job is done when the same watches as
+        ours see its last child and its status patch has answered; requests per job are `bench-floor`'s from the
+        audit log (the job's create is the user's, as it is for ours and the peer)."""
+        assert self.floor_kubeconfig is not None, "install() first"
+        ns = self.namespace(ns)
+        planned = [first_pass(f"job-{i}", ns, ranks) for i in range(jobs)]  # keys and plans before the clock
+        assert all(len([c for c in children if c["kind"] == "Pod"]) == ranks for _, children, _ in planned)
+        jobs_path = f"/apis/{OURS.group}/{OURS.version}/namespaces/{ns}/{OURS.plural}"
+        user = Kube(self.writer)
+        created: dict[str, float] = {}
+        patched: dict[str, float] = {}
+        spawn = multiprocessing.get_context("spawn")  # no fork of a process with threads
+        inbox, outbox = spawn.Queue(), spawn.Queue()
+        writer = spawn.Process(target=floor_writes, args=(str(self.floor_kubeconfig), inbox, outbox), daemon=True)
+        writer.start()
+        try:
+            if outbox.get(timeout=120)[0] != "!ready":
+                raise RuntimeError("floor: the writer process did not start")
+
+            def create(manifest: dict[str, Any], children: list[dict[str, Any]], status: dict[str, Any]) -> None:
+                name = manifest["metadata"]["name"]
+                uid = user._json("POST", jobs_path, manifest)["metadata"]["uid"]
+                created[name] = time.monotonic()
+                inbox.put((ns, name, with_uid(children, uid), with_uid(status, uid)))
+
+            mark = count_requests(self.audit_log, FLOOR_USER, ns)
+            arrivals = Arrivals(self.api, ns, OURS.job_label)
+            cpu = self.control_plane_cpu()
+            start = time.monotonic()
+            try:
+                with ThreadPoolExecutor(RAW_THREADS) as pool:
+                    list(pool.map(lambda p: create(*p), planned))
+                inbox.put(None)
+                while (answer := outbox.get(timeout=max(120, jobs * 3)))[0] != "!done":
+                    if answer[0] == "!error":
+                        raise RuntimeError(f"floor: a write failed: {answer[1]}")
+                    patched[answer[0]] = answer[1]  # time.monotonic() is the system's, the same in both processes
+                seen = arrivals.wait_complete(list(created), ranks, OURS.services_per_job(ranks), 120, "floor")
+            finally:
+                arrivals.close()
+            cpu = self.control_plane_cpu() - cpu
+        finally:
+            writer.join(timeout=30)
+            if writer.is_alive():
+                writer.kill()
+        done = {n: max(seen[n], patched[n]) for n in created}
+        latencies = [done[n] - created[n] for n in created]
+        used = count_requests(self.audit_log, FLOOR_USER, ns) - mark
+        return {
+            "jobs": jobs,
+            "ranks": ranks,
+            "threads": {"jobs": RAW_THREADS, "writes": CREATE_CONCURRENCY, "writesInOwnProcess": True},
+            "controlPlaneCpuSeconds": round(cpu, 2),
+            "makespanSeconds": round(max(done.values()) - start, 3),
+            "latencySeconds": {
+                "p50": round(statistics.median(latencies), 3),
+                "p95": round(percentile(latencies, 0.95), 3),
+                "max": round(max(latencies), 3),
+            },
+            "requests": dict(sorted(used.items())),
+            "requestsPerJob": round(sum(used.values()) / jobs, 1),
+        }
+
+    def floor_turn(self, ns_prefix: str, jobs: int, wide: int) -> dict[str, Any]:
+        out = {"narrow": self.floor(jobs, ns=f"{ns_prefix}-narrow")}
+        self.quiet()
+        out["wide"] = self.floor(1, wide, ns=f"{ns_prefix}-wide")
+        self.drop_namespaces([f"{ns_prefix}-narrow", f"{ns_prefix}-wide"])  # the jobs, and their children by GC
         return out
 
     # --- 3. steady state -------------------------------------------------------------------------------------
@@ -626,21 +800,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="keep the scratch folder (operator logs, etcd data, audit log) after a successful run",
     )
-    peer = ap.add_argument_group("raw, ours and the Kubeflow peer, interleaved (make bench-peer)")
+    peer = ap.add_argument_group("raw, the floor, ours and the Kubeflow peer, interleaved (make bench-peer)")
     peer.add_argument("--peer", action="store_true", help="measure raw, ours and the peer (no steady state)")
     peer.add_argument("--rounds", type=int, default=1, help="interleaved rounds (the order rotates each round)")
-    peer.add_argument("--systems", default="raw,ours,peer", help="which of raw,ours,peer to run (comma-separated)")
+    peer.add_argument(
+        "--systems", default=",".join(SYSTEMS), help=f"which of {','.join(SYSTEMS)} to run (comma-separated)"
+    )
     peer.add_argument("--readme", type=Path, help="write the table into this Markdown file's bench-peer block")
     args = ap.parse_args(argv)
     systems = [x for x in args.systems.split(",") if x]
-    unknown = sorted(set(systems) - {"raw", "ours", "peer"})
+    unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
-        ap.error(f"--systems: unknown {', '.join(unknown)}; use raw, ours and/or peer")
+        ap.error(f"--systems: unknown {', '.join(unknown)}; use {', '.join(SYSTEMS)} (any of them)")
     if args.jobs < 1 or args.rounds < 1 or args.wide < 1:
         ap.error("--jobs, --rounds and --wide must be at least 1")
     if args.window < 0 or args.log_every <= 0:
         ap.error("--window must be at least 0 and --log-every above 0")
-    if (args.readme or args.rounds != 1 or args.systems != "raw,ours,peer") and not args.peer:
+    if (args.readme or args.rounds != 1 or args.systems != ",".join(SYSTEMS)) and not args.peer:
         ap.error("--rounds, --systems and --readme belong to --peer")
     args.systems = systems if args.peer else ["raw", "ours"]
     if args.peer:
@@ -662,7 +838,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, work: Path) -> int:
     policy = work / "audit-policy.yaml"
-    policy.write_text(yaml.safe_dump(policy_for_user(OPERATOR_USER, PEER_USER)))
+    policy.write_text(yaml.safe_dump(policy_for_user(OPERATOR_USER, PEER_USER, FLOOR_USER)))
     audit_log = work / "audit.log"
     cluster = bench_cluster(
         work / "cluster",
@@ -686,6 +862,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
             node.close()
         results["watches"] = watch_uris(audit_log, OPERATOR_USER)
     print(peer_report.table(results))
+    if args.peer:
+        print(peer_report.goal(results))
     if args.readme:
         peer_report.write_section(args.readme, peer_report.section(results, peer_report.command(results)))
     write_json(args.json, results)
@@ -736,6 +914,8 @@ def turns(
             bench.quiet()
             if system == "raw":
                 this["raw"] = bench.raw_turn(prefix, args.jobs, args.wide)
+            elif system == "floor":
+                this["floor"] = bench.floor_turn(prefix, args.jobs, args.wide)
             else:
                 steady = None
                 if system == "ours" and args.window:

@@ -44,6 +44,6 @@ bench-xeon-stacks: setup ## xeon-amx stacks on the QA sample, 2 ranks: upstream 
 peer-bin: ## Build the Kubeflow training-operator v1.8.1 from its Go module (tools/cluster/peer; cached per version)
 	$(CLUSTER_TOOL) bin training-operator
 
-bench-peer: setup k8s-bins peer-bin ## Raw vs ours vs Kubeflow training-operator, interleaved on one control plane; table -> benchmarks/README.md
+bench-peer: setup k8s-bins peer-bin ## Raw vs the floor (the job, its children, one status patch) vs ours vs Kubeflow training-operator, interleaved on one control plane; table and goal line -> benchmarks/README.md
 	$(PY) benchmarks/operator_scale.py --peer --jobs $(BENCH_PEER_JOBS) --rounds $(BENCH_PEER_ROUNDS) \
 		--json $(BENCH_OUT)/operator-peer.json --readme benchmarks/README.md

@@ -1,9 +1,13 @@
-"""The pure parts of `make bench-peer`: argument handling, the peer's command line and cert pair, /proc parsing
-and the README table. The numbers themselves are measured by the benchmark, never asserted here."""
+"""The pure parts of `make bench-peer`: argument handling, the floor's plan and its pipelined writer, the peer's
+command line and cert pair, /proc parsing, the README table and its goal line. The numbers themselves are
+measured by the benchmark, never asserted here."""
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
+from finetune_operator import controller
 from ftjob_cluster import bins, peer, pki
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,9 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_peer_mode_arguments_and_their_defaults() -> None:
     args = operator_scale.parse_args(["--peer", "--jobs", "20", "--readme", "x.md"])
-    assert (args.peer, args.jobs, args.rounds, args.wide, args.systems) == (True, 20, 1, 64, ["raw", "ours", "peer"])
+    assert (args.peer, args.jobs, args.rounds, args.wide) == (True, 20, 1, 64)
+    assert args.systems == ["raw", "floor", "ours", "peer"]
     assert args.readme == Path("x.md")
     assert operator_scale.parse_args(["--peer", "--systems", "ours,peer"]).systems == ["ours", "peer"]
+    assert operator_scale.parse_args(["--peer", "--systems", "floor,ours"]).systems == ["floor", "ours"]
     assert not operator_scale.parse_args([]).peer  # make bench-operator's raw, ours, steady run is unchanged
 
 
@@ -36,6 +43,7 @@ def test_peer_mode_arguments_and_their_defaults() -> None:
         ["--peer", "--jobs", "0"],
         ["--readme", "x.md"],
         ["--rounds", "2"],
+        ["--systems", "floor,ours"],
     ],
 )
 def test_bad_peer_arguments_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -50,6 +58,89 @@ def test_rounds_rotate_which_system_goes_first() -> None:
     firsts = [operator_scale.turn_order(systems, r)[0] for r in range(3)]
     assert firsts == ["raw", "ours", "peer"]
     assert all(sorted(operator_scale.turn_order(systems, r)) == sorted(systems) for r in range(5))
+
+
+def test_the_floor_takes_its_turn_first_middle_and_last() -> None:
+    systems = operator_scale.parse_args(["--peer"]).systems
+    orders = [operator_scale.turn_order(systems, r) for r in range(4)]
+    assert [o.index("floor") for o in orders] == [1, 0, 3, 2]  # every place once in four rounds
+    assert orders[1] == ["floor", "ours", "peer", "raw"]
+
+
+def test_raw_and_the_floor_write_with_the_operators_create_concurrency() -> None:
+    # Raw and the floor keep as many requests in flight as the operator's create pool: one constant, not two.
+    assert operator_scale.RAW_THREADS == controller.CREATE_CONCURRENCY == 8
+
+
+def test_the_floor_writes_what_our_first_pass_writes_owned_by_the_job() -> None:
+    manifest, children, status = operator_scale.first_pass("job-3", "ns", 2)
+    assert manifest == operator_scale.job_manifest("job-3", "ns", 2)  # the very manifest ours is given
+    assert sorted(c["kind"] for c in children) == ["ConfigMap", "Pod", "Pod", "Service"]  # raw's objects
+    assert status["phase"] == "Pending" and [c["type"] for c in status["conditions"]] == ["Created"]
+    owned = [operator_scale.with_uid(c, "real-uid") for c in children]
+    for child in owned:
+        (ref,) = [r for r in child["metadata"]["ownerReferences"] if r.get("controller")]
+        assert (ref["kind"], ref["name"], ref["uid"]) == ("FineTuneJob", "job-3", "real-uid")
+    assert operator_scale.PLACEHOLDER_UID not in repr(owned)
+    assert operator_scale.PLACEHOLDER_UID in repr(children)  # the plan itself is left as it was
+    wide = operator_scale.first_pass("w", "ns", 64)[1]
+    assert sum(c["kind"] == "Pod" for c in wide) == 64
+
+
+def _served(
+    jobs: list[tuple[str, str, list[dict[str, Any]], dict[str, Any]] | None], fail: str = ""
+) -> tuple[list[tuple[str, str]], int, list[Any]]:
+    """serve_writes over in-memory queues, with writes that record themselves (and fail for the job `fail`)."""
+    inbox: queue.Queue[Any] = queue.Queue()
+    outbox: queue.Queue[Any] = queue.Queue()
+    for job in jobs:
+        inbox.put(job)
+    lock = threading.Lock()
+    state = {"running": 0, "most": 0}
+    writes: list[tuple[str, str]] = []
+
+    def write(what: str, name: str) -> None:
+        with lock:
+            state["running"] += 1
+            state["most"] = max(state["most"], state["running"])
+            writes.append((what, name))
+        time.sleep(0.01)  # long enough for the other threads to pile up if the pool let them
+        with lock:
+            state["running"] -= 1
+        if name == fail:
+            raise RuntimeError(f"409 on {name}")
+
+    operator_scale.serve_writes(
+        inbox,
+        outbox,
+        lambda child: write("create", child["metadata"]["name"]),
+        lambda ns, name, status: write(f"patch {ns} {status['phase']}", name),
+        3,
+    )
+    answers = []
+    while not outbox.empty():
+        answers.append(outbox.get())
+    return writes, state["most"], answers
+
+
+def test_the_floors_writer_creates_every_child_and_patches_each_job_once_within_its_pool() -> None:
+    def job(name: str) -> tuple[str, str, list[dict[str, Any]], dict[str, Any]]:
+        children = [{"metadata": {"name": f"{name}-{k}"}} for k in range(4)]
+        return ("ns", name, children, {"phase": "Pending"})
+
+    writes, most, answers = _served([job(f"job-{i}") for i in range(5)] + [None])
+    assert sorted(n for w, n in writes if w == "create") == sorted(f"job-{i}-{k}" for i in range(5) for k in range(4))
+    assert sorted(n for w, n in writes if w.startswith("patch")) == [f"job-{i}" for i in range(5)]
+    assert all(w == "patch ns Pending" for w, n in writes if w.startswith("patch"))
+    assert most == 3  # CREATE_CONCURRENCY in the benchmark: never more writes in flight
+    assert sorted(a[0] for a in answers[:-1]) == [f"job-{i}" for i in range(5)]  # one patch time per job
+    assert all(isinstance(t, float) for _, t in answers[:-1]) and answers[-1] == ("!done", 0.0)
+
+
+def test_the_floors_writer_reports_a_failed_write_and_still_ends() -> None:
+    writes, _, answers = _served([("ns", "job-0", [], {"phase": "Pending"}), None], fail="job-0")
+    assert writes == [("patch ns Pending", "job-0")]
+    assert answers == [("!error", "job-0: 409 on job-0"), ("!done", 0.0)]
 
 
 def test_both_systems_make_one_pod_per_rank() -> None:
@@ -95,12 +186,14 @@ def test_proc_parsing_and_this_process_usage() -> None:
     assert me.cpu_seconds > 0 and me.rss_bytes > 0 and me.peak_rss_bytes > 0
 
 
-def _session(makespan: float, cpu: float) -> dict[str, Any]:
+def _session(makespan: float, cpu: float, requests: float = 6.0, plane: float = 10.0) -> dict[str, Any]:
     run = {
+        "jobs": 200,
         "makespanSeconds": makespan,
         "latencySeconds": {"p50": 1.0, "p95": 2.0, "max": 3.0},
-        "requestsPerJob": 9.0,
+        "requestsPerJob": requests,
         "cpuMsPerJob": cpu,
+        "controlPlaneCpuSeconds": plane,
     }
     return {
         "narrow": run,
@@ -111,7 +204,18 @@ def _session(makespan: float, cpu: float) -> dict[str, Any]:
     }
 
 
-def _results(rounds: int) -> dict[str, Any]:
+def _floor(makespan: float) -> dict[str, Any]:
+    run = {
+        "jobs": 200,
+        "makespanSeconds": makespan,
+        "latencySeconds": {"p50": 0.5, "p95": 1.0, "max": 1.5},
+        "requestsPerJob": 5.0,
+        "controlPlaneCpuSeconds": 8.0,
+    }
+    return {"narrow": run, "wide": {**run, "jobs": 1, "requestsPerJob": 67.0}}
+
+
+def _results(rounds: int, floor: float = 8.0) -> dict[str, Any]:
     raw = {
         "narrow": {"seconds": 5.0, "watchedSeconds": 5.5, "perJob": 4.0},
         "wide": {"seconds": 0.5, "watchedSeconds": 0.55, "perJob": 66.0},
@@ -125,29 +229,64 @@ def _results(rounds: int) -> dict[str, Any]:
         "machine": {"cpus": 2},
         "rounds": [
             {
-                "order": ["raw", "ours", "peer"],
+                "order": operator_scale.turn_order(["raw", "floor", "ours", "peer"], r),
                 "raw": raw,
+                "floor": _floor(floor),
                 "ours": {**_session(10.0 + r, 60.0), "loadAfter": 3.0 + r},
-                "peer": _session(40.0, 20.0),
+                "peer": _session(40.0, 20.0, requests=9.0, plane=20.0),
             }
             for r in range(rounds)
         ],
     }
 
 
-def test_table_has_medians_ranges_and_both_ratios() -> None:
+def test_table_has_medians_ranges_and_the_floor_peer_and_raw_ratios() -> None:
     text = peer_report.table(_results(3))
+    assert text.splitlines()[0] == "| workload | ours | floor | peer | raw | **ours:floor** | ours:peer | ours:raw |"
     rows = [line for line in text.splitlines() if line.startswith("| 200 jobs × 2 ranks: makespan")]
-    # ours median 11 s over 10..12, peer 40 s, raw 5.5 s watched (5 s to its last create): ours:peer 0.275
+    # ours median 11 s over 10..12, the floor 8 s, peer 40 s, raw 5.5 s watched (5 s to its last create)
     assert rows == [
-        "| 200 jobs × 2 ranks: makespan to every pod and Service (raw: seen by the same watch) | 11.00 s (10.00 s–12.00 s) | 40.00 s | 5.50 s | 2.00× | 0.28× |",  # noqa: E501
-        "| 200 jobs × 2 ranks: makespan (raw: until its last create returned) | 11.00 s (10.00 s–12.00 s) | 40.00 s | 5.00 s | 2.20× | 0.28× |",  # noqa: E501
+        "| 200 jobs × 2 ranks: makespan to every pod and Service (floor: and its status patch; raw: seen by the same watch) | 11.00 s (10.00 s–12.00 s) | 8.00 s | 40.00 s | 5.50 s | 1.38× | 0.28× | 2.00× |",  # noqa: E501
+        "| 200 jobs × 2 ranks: makespan (raw: until its last create returned) | 11.00 s (10.00 s–12.00 s) | 8.00 s | 40.00 s | 5.00 s | 1.38× | 0.28× | 2.20× |",  # noqa: E501
     ]
-    wide = next(line for line in text.splitlines() if line.startswith("| 1 job × 64 ranks: every child (raw: seen"))
+    wide = next(line for line in text.splitlines() if line.startswith("| 1 job × 64 ranks: every child (floor"))
     assert "| 0.55 s |" in wide
+    # The floor has no operator process: no operator CPU or RSS, no ratio against it there.
     cpu = next(line for line in text.splitlines() if "CPU per 2-rank job" in line)
-    assert cpu.endswith("| 60 ms | 20 ms | – | – | 3.00× |")
+    assert cpu.endswith("| 60 ms | – | 20 ms | – | – | 3.00× | – |")
+    total = next(line for line in text.splitlines() if "API server + etcd + operator CPU" in line)
+    assert total.endswith("| 22.0 s | – | 24.0 s | – | – | 0.92× | – |")  # 10 s + 200 × 60 ms; 20 s + 200 × 20 ms
+    requests = next(line for line in text.splitlines() if "requests per job until its children exist, 2" in line)
+    assert requests.endswith("| 6.0 | 5.0 | 9.0 | 4.0 | 1.20× | 0.67× | 1.50× |")
     assert peer_report.ratio(1.0, None) == "–" and peer_report.ratio(1.0, 0.0) == "–"
+
+
+def test_goal_line_says_plainly_whether_the_run_met_it() -> None:
+    # ours 11 s against the floor's 8 s: 1.38×, over 1.3 on makespan; CPU 10/8 and requests 6/5 are within.
+    missed = peer_report.goal(_results(3))
+    assert "floor on the 200-job run's makespan, API server + etcd CPU and API requests per job: **not met**" in missed
+    assert "(makespan 1.38× (**missed**), API server + etcd CPU 1.25×, requests per job 1.20×)" in missed
+    assert "ahead of the peer on makespan, CPU and requests per job: **met** (makespan 0.28×," in missed
+    assert "the operator process alone uses 3.00× the peer's CPU per job: behind" in missed
+    assert missed.endswith("- This run did not meet the goal.")
+    met = peer_report.goal(_results(3, floor=9.0))  # 11 / 9 = 1.22×
+    assert "**not met**" not in met and met.endswith("- This run met the goal.")
+    assert "no lower bound" not in met
+    below = peer_report.goal(_results(3, floor=12.0))  # ours 11 s before the floor's 12 s: said, not hidden
+    assert "- Ours finished before the floor: in this run the floor's makespan was no lower bound" in below
+    without_floor = _results(1)
+    del without_floor["rounds"][0]["floor"]
+    text = peer_report.goal(without_floor)
+    assert "**not measured** (ours or the floor not measured in this run)" in text
+    assert text.endswith("- This run did not meet the goal.")
+
+
+def test_peer_report_knows_the_make_targets_full_size() -> None:
+    bench_mk = (ROOT / "mk" / "bench.mk").read_text()
+    assert f"BENCH_PEER_JOBS ?= $(if $(QUICK),20,{peer_report.FULL_JOBS})" in bench_mk
+    short = peer_report.section({**_results(1), "jobs": 50}, "make bench-peer BENCH_PEER_JOBS=50")
+    assert "A shorter run than the default: 50 jobs instead of 200." in short
+    assert "shorter" not in peer_report.section(_results(1), "make bench-peer")
 
 
 def test_readme_block_is_appended_once_then_replaced(tmp_path: Path) -> None:
@@ -157,6 +296,7 @@ def test_readme_block_is_appended_once_then_replaced(tmp_path: Path) -> None:
     first = readme.read_text()
     assert first.startswith("# Benchmarks\n\nintro\n") and first.count(peer_report.BEGIN) == 1
     assert "Reproduce: `make bench-peer`" in first and "| 40.00 s |" in first
+    assert "1 round(s) of raw, floor, ours and peer interleaved" in first and "- This run met the goal." in first
     readme.write_text(first + "\n## Later section\n")
     peer_report.write_section(readme, peer_report.section(_results(2), "make bench-peer BENCH_PEER_ROUNDS=2"))
     second = readme.read_text()
