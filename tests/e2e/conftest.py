@@ -62,6 +62,8 @@ class NodeCluster:
 @pytest.fixture(scope="session")
 def node_cluster(request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
     reason = node.unavailable_reason()
+    if reason and reason == node.busy_reason():
+        pytest.fail(f"the e2e tests cannot start their nodes: {reason}")  # they did not run: never a pass
     if reason:
         pytest.skip(f"no node on this machine: {reason}")
     for ref in (RUNTIME_IMAGE, OPERATOR_IMAGE):

@@ -56,7 +56,9 @@ def _cmd_node_check(args: argparse.Namespace) -> int:
 
     reason = node.unavailable_reason()
     print(f"no node on this machine: {reason}" if reason else "this machine can run a node")
-    return 1 if reason else 0
+    # 2: the machine can run a node but one runs now. A test tier must then fail, not pass as on a machine
+    # that cannot run nodes at all: its tests did not run.
+    return (2 if reason == node.busy_reason() else 1) if reason else 0
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -146,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
     p.add_argument("--node", action="store_true", help="build the node's kubelet, kube-proxy and CoreDNS instead")
     p.set_defaults(func=_cmd_build)
-    p = sub.add_parser("node-check", help="say whether this machine can run a node (exit 1 and why if not)")
+    p = sub.add_parser(
+        "node-check", help="say whether this machine can run a node (exit 1 and why if not; 2 while one runs)"
+    )
     p.set_defaults(func=_cmd_node_check)
     for name, func, text in (
         ("up", _cmd_up, "start a detached control plane"),

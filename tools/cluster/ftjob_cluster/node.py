@@ -199,7 +199,7 @@ def _run(*cmd: str, check: bool = True, input: bytes | None = None) -> subproces
 
 
 def unavailable_reason() -> str | None:
-    """Why a node cannot run here, or None."""
+    """Why a node cannot run here, or None: what this machine lacks, else busy_reason()."""
     if os.geteuid() != 0:
         return "the node needs root (network interfaces, mounts, cgroups)"
     if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
@@ -212,10 +212,15 @@ def unavailable_reason() -> str | None:
             return f"{tool} is missing (Debian util-linux)"
     if not Path("/usr/lib/cni/bridge").exists():
         return "CNI plugins are missing (Debian containernetworking-plugins)"
-    if Path(f"/sys/class/net/{DUMMY_IF}").exists():
-        return f"a node already runs on this machine (interface {DUMMY_IF} exists; make cluster-down stops it)"
     if shutil.which("go") is None and not all((bins.bin_dir() / n).exists() for n in ("kubelet", "coredns")):
         return "the Go toolchain is needed to build kubelet, kube-proxy and CoreDNS"
+    return busy_reason()
+
+
+def busy_reason() -> str | None:
+    """Why a node cannot start now although this machine can run one (another node runs), or None."""
+    if Path(f"/sys/class/net/{DUMMY_IF}").exists():
+        return f"a node already runs on this machine (interface {DUMMY_IF} exists; make cluster-down stops it)"
     return None
 
 
