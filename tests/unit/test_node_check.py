@@ -4,6 +4,7 @@ one where another node runs now fails it (exit 2: its tests did not run), one th
 from __future__ import annotations
 
 import pytest
+
 from ftjob_cluster import node
 from ftjob_cluster.__main__ import main
 
