@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from finetune_runtime import checkpoints
+from finetune_runtime import checkpoints, startup
 from finetune_runtime.progress import ProgressEmitter, clean_metrics, utc_now
 
 # An epoch-end save bounds what a restart loses to one epoch. When the newest checkpoint (or the start of
@@ -35,6 +35,7 @@ class ProgressCallback(TrainerCallback):
         on_checkpoint: Callable[[Path], str | None] | None = None,
         summary_metric: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        started_at: float | None = None,
     ) -> None:
         self.emitter = emitter
         self.uid = uid  # the job's: each checkpoint's marker records it (checkpoints.mark_complete)
@@ -47,6 +48,10 @@ class ProgressCallback(TrainerCallback):
         self.step0 = self.step_last = 0
         self.last_eval: tuple[int, dict[str, Any]] | None = None
         self.last_saved = -1
+        # The time to the first step (startup.py): when the run started (Unix time), when this process's first
+        # optimizer step ended; both on every train line from then on.
+        self.started_at = started_at
+        self.first_step_at: float | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.t0 = self.t_last = self.saved_at = self.clock()  # a resume starts from a checkpoint: as if just saved
@@ -62,6 +67,10 @@ class ProgressCallback(TrainerCallback):
         ):
             control.should_save = True
         return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if not logs or "loss" not in logs:
@@ -82,7 +91,13 @@ class ProgressCallback(TrainerCallback):
             samplesPerSecond=round(sps, 2) if sps else None,
             etaSeconds=eta,
             time=utc_now(),
+            **self._first_step(),
         )
+
+    def _first_step(self) -> dict[str, str]:
+        if self.precompile or self.started_at is None or self.first_step_at is None:
+            return {}
+        return {"startedAt": startup.iso_utc(self.started_at), "firstStepAt": startup.iso_utc(self.first_step_at)}
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kw: Any
