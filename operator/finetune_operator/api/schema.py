@@ -689,7 +689,9 @@ STATUS = _o(
         ),
         "progress": _free(
             "Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
-            "etaSeconds, metrics, summaryMetric (the task's headline metric), summary."
+            "etaSeconds, metrics, summaryMetric (the task's headline metric), summary, and timeToFirstStepSeconds "
+            "(from the start of the main process of the pod that launches rank 0 to the end of rank 0's first "
+            "training step, newest attempt; see docs/runtime.md)."
         ),
         "compileCache": _o(
             "What the precompile trial (compileCache.precompile) of the latest attempt found in the compile cache, "
