@@ -90,3 +90,54 @@ def test_compile_cache_job_is_the_sample_with_a_trial_and_compile(tmp_path: Path
     )
     assert [r["step"] for r in cc.records(log, "precompile")] == [1, 2]
     assert cc.records(log, "train") == [] and cc.records(tmp_path / "absent.log", "train") == []
+
+
+def test_first_step_runs_the_rank0_pod_as_ftjob_render_makes_it(tmp_path: Path) -> None:
+    """first_step.py's container: the demo job's rank-0 pod (command, env, config.json) from the builders, with
+    the loopback as rank 0's address and the pod's volumes as fresh folders."""
+    import first_step as fs
+
+    pod = fs.rank0_pod()
+    assert pod.command == ["ftjob-runtime", "launch"]
+    assert pod.env["FTJOB_NPROC_PER_NODE"] == "2" and pod.env["FTJOB_MASTER_ADDR"] == "127.0.0.1"
+    assert json.loads(pod.config_json)["task"]["model"] == "examples/models/tiny-bert-ja"
+    args = fs.docker_args(pod, "img:tag", "c1", tmp_path, {"X": "1"})
+    assert args[args.index("img:tag") :] == ["img:tag", "ftjob-runtime", "launch"]
+    assert f"{tmp_path / 'config.json'}:{pod.config_path}:ro" in args and "X=1" in args
+    assert f"{tmp_path / 'cache'}:/cache" in args and (tmp_path / "cache").stat().st_mode & 0o777 == 0o777
+    assert args[args.index("--network") + 1] == "none" and args[args.index("-w") + 1] == fs.WORKDIR
+
+
+def test_first_step_clocks_and_summary() -> None:
+    import first_step as fs
+
+    assert fs.docker_time("2026-12-04T19:33:40.123456789Z") == pytest.approx(1796412820.123456789, abs=1e-6)
+    assert fs.docker_time("2026-12-04T19:33:40Z") == 1796412820.0
+    line = "[rank0]: " + format_line("train", step=1, totalSteps=9, startedAt="2026-12-04T19:33:30.000Z")
+    assert fs.first_train(line) is not None and fs.first_train(format_line("eval", step=1)) is None
+    assert [s.name for s in fs.sides_for("a", "b")] == [
+        "image",
+        "image, from source",
+        "compare",
+        "ftjob run",
+        "ftjob run, from source",
+    ]
+    assert [s.name for s in fs.sides_for(None, None)] == ["ftjob run", "ftjob run, from source"]
+    runs = [
+        fs.FirstStep("image", 1, 5.0, 5.2, 5.5, 0.2),
+        fs.FirstStep("image, from source", 1, 20.0, 20.2, 20.5, 0.2),
+        fs.FirstStep("image", 2, 7.0, 7.2, 7.5, 0.1),
+        fs.FirstStep("image, from source", 2, 15.0, 15.2, 15.5, 0.3),
+        fs.FirstStep("ftjob run", 1, 6.0, 6.0, None),
+    ]
+    s = fs.summarize(runs)
+    assert s["median"]["image"] == {
+        "startToFirstStep": 6.0,
+        "reported": 6.2,
+        "launchToFirstStep": 6.5,
+        "createdToStarted": 0.15,
+    }
+    assert s["median"]["ftjob run"]["launchToFirstStep"] is None
+    # Per round, each bytecode side against its from-source twin.
+    assert s["bytecodeSaves"] == {"image": {"fromSourceMinusBytecodeSeconds": [15.0, 8.0], "median": 11.5}}
+    assert "| image | 6.0 | 6.2 | 6.5 | 0.15 |" in fs.table(s)
