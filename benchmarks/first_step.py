@@ -10,13 +10,15 @@ Sides, each run once per round (the order rotates from round to round), after on
   its config.json at FTJOB_CONFIG, /cache and /output fresh folders (the pod's emptyDir and claim: the
   tokenised-dataset cache starts cold, as in a demo pod), the examples read-only under the working directory
   /home/ftjob, no network, every capability dropped, as UID 1000;
-- `image, from source`: the same with PYTHONPYCACHEPREFIX pointing at an empty folder and PYTHONDONTWRITEBYTECODE=1:
-  Python looks for bytecode only under the prefix, finds none and compiles every module it imports, which is what
-  an image without bytecode does for a user who cannot write its venv;
+- `image, no venv bytecode`: the same with PYTHONPYCACHEPREFIX pointing at a folder that holds the bytecode of
+  the image's standard library only (compiled into it once, before the rounds) and PYTHONDONTWRITEBYTECODE=1:
+  Python looks for bytecode only under the prefix, so it compiles every module of the venv it imports, and
+  nothing else, which is what an image built without bytecode does for a user who cannot write its venv;
 - `compare` (--compare-image): another image the same way, e.g. one built before a change;
 - `ftjob run`: `ftjob run -f examples/jobs/demo-ja-sentiment.yaml` from this venv, in a fresh workdir (cold dataset
   cache, as `make demo`);
-- `ftjob run, from source`: the same with the empty PYTHONPYCACHEPREFIX (a venv without bytecode).
+- `ftjob run, no venv bytecode`: the same with such a prefix of this Python's standard library (a venv without
+  bytecode, as `make setup` made it before it compiled).
 A run ends at rank 0's first `train` progress line: the container is removed, `ftjob run` interrupted.
 
 Clocks, in seconds to that line (docs/runtime.md, "Time to the first step"):
@@ -28,7 +30,11 @@ Clocks, in seconds to that line (docs/runtime.md, "Time to the first step"):
 - `launchToFirstStep` (image sides): from calling `docker run`, i.e. with docker's own container set-up;
 - `createdToStarted` (image sides whose runtime reports): from the creation of the container's main process (the
   line's startedAt: the process exists from the container runtime's create on) to docker's StartedAt, which is
-  how much earlier the runtime's clock starts than the container's reported start.
+  how much earlier the runtime's clock starts than the container's reported start;
+- `cpuToFirstStep`: CPU seconds (user + system, all cores) spent until that line by the container (its cgroup's
+  cpuacct.usage, or cpu.stat's usage_usec under cgroup v2) or by `ftjob run`'s process tree (utime + stime of
+  every live process in it plus what each has reaped of its children, from /proc). The wall clocks above grow
+  with the machine's load; this one much less, so it is what compares across runs on a shared machine.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -61,8 +67,9 @@ VERSION = (ROOT / "VERSION").read_text().strip()
 DEFAULT_IMAGE = f"finetune-operator/cpu:{VERSION}"
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
 WORKDIR = "/home/ftjob"  # the images' WORKDIR, where the pods run and the demo's relative paths resolve
-# Python reads bytecode only under this (empty) prefix: every module compiles from source (the `from source` sides).
-FROM_SOURCE_ENV = {"PYTHONPYCACHEPREFIX": "/tmp/ftjob-no-bytecode", "PYTHONDONTWRITEBYTECODE": "1"}
+# Where a `no venv bytecode` container finds its standard library's bytecode (PYTHONPYCACHEPREFIX, read-only).
+PREFIX_IN_CONTAINER = "/ftjob-stdlib-bytecode"
+COMPILE_STDLIB = "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()['stdlib'], quiet=2)"
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ class Side:
     name: str
     kind: str  # "image" or "ftjob-run"
     image: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    no_venv_bytecode: bool = False  # the venv's modules compile from source; the standard library's do not
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ class FirstStep:
     # The container's main process created (the line's startedAt) -> docker's StartedAt: the container runtime's
     # own set-up, which the runtime's figure includes (the process exists from `runc create` on).
     created_to_started: float | None = None
+    cpu_to_first_step: float | None = None  # CPU seconds of the container's cgroup or `ftjob run`'s process tree
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,63 @@ def first_train(line: str) -> dict[str, Any] | None:
     return rec if rec is not None and rec.get("event") == "train" else None
 
 
-def docker_args(pod: PodRun, image: str, name: str, work: Path, extra_env: dict[str, str]) -> list[str]:
+def container_cpu_seconds(container_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPU seconds a running container has used so far (its cgroup: v1 cpuacct or v2 cpu.stat), None if not found."""
+    v1 = cgroup_root / "cpuacct" / "docker" / container_id / "cpuacct.usage"
+    if v1.exists():
+        return int(v1.read_text().strip()) / 1e9
+    v2 = [cgroup_root / "system.slice" / f"docker-{container_id}.scope", cgroup_root / "docker" / container_id]
+    for folder in v2:
+        if (folder / "cpu.stat").exists():
+            stat = dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines() if line.strip())
+            return int(stat["usage_usec"]) / 1e6
+    return None
+
+
+def tree_cpu_seconds(root: int, proc: Path = Path("/proc")) -> float:
+    """CPU seconds of `root` and its live descendants: each one's utime + stime, plus cutime + cstime (what it has
+    reaped of its children: counted once, by the parent that waited for them)."""
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (ppid, its CPU seconds with its reaped children's)
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state is field 3 of stat(5)
+        stats[int(entry.name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]) / tick)
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += stats[pid][1] if pid in stats else 0.0
+        todo += children.get(pid, [])
+    return total
+
+
+def stdlib_bytecode(prefix: Path, image: str | None) -> Path:
+    """A PYTHONPYCACHEPREFIX folder that holds the standard library's bytecode only: that of `image`'s Python
+    (compiled in a container, as UID 1000), or of this Python (image None)."""
+    prefix.mkdir(parents=True)
+    if image is None:
+        env = {**os.environ, "PYTHONPYCACHEPREFIX": str(prefix)}
+        subprocess.run([sys.executable, "-c", COMPILE_STDLIB], env=env, check=True, capture_output=True)
+        return prefix
+    prefix.chmod(0o777)
+    mount = ["-v", f"{prefix}:{PREFIX_IN_CONTAINER}", "-e", f"PYTHONPYCACHEPREFIX={PREFIX_IN_CONTAINER}"]
+    subprocess.run(
+        [DOCKER, "run", "--rm", "--network", "none", *mount, image, "python", "-c", COMPILE_STDLIB],
+        check=True,
+        capture_output=True,
+    )
+    return prefix
+
+
+def docker_args(pod: PodRun, image: str, name: str, work: Path, prefix: Path | None = None) -> list[str]:
     config = work / "config.json"
     config.write_text(pod.config_json, encoding="utf-8")
     args = ["run", "--name", name, "--network", "none", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
@@ -133,16 +197,20 @@ def docker_args(pod: PodRun, image: str, name: str, work: Path, extra_env: dict[
         (work / folder).chmod(0o777)
         args += ["-v", f"{work / folder}:{target}"]
     args += ["-v", f"{ROOT / 'examples'}:{WORKDIR}/examples:ro"]
-    for key, value in {**pod.env, "HF_HUB_OFFLINE": "1", **extra_env}.items():
+    env = {**pod.env, "HF_HUB_OFFLINE": "1"}
+    if prefix is not None:
+        args += ["-v", f"{prefix}:{PREFIX_IN_CONTAINER}:ro"]
+        env |= {"PYTHONPYCACHEPREFIX": PREFIX_IN_CONTAINER, "PYTHONDONTWRITEBYTECODE": "1"}
+    for key, value in env.items():
         args += ["-e", f"{key}={value}"]
     return [*args, image, *pod.command]
 
 
-def run_image(side: Side, pod: PodRun, n: int, timeout: float) -> FirstStep:
+def run_image(side: Side, pod: PodRun, n: int, timeout: float, prefix: Path | None) -> FirstStep:
     assert side.image is not None
     name = f"ftjob-first-step-{os.getpid()}-{n}"
     with tempfile.TemporaryDirectory(prefix="first-step-") as tmp:
-        args = docker_args(pod, side.image, name, Path(tmp), side.env)
+        args = docker_args(pod, side.image, name, Path(tmp), prefix)
         lines: list[str] = []
         launched = time.time()
         proc = subprocess.Popen([DOCKER, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -156,9 +224,16 @@ def run_image(side: Side, pod: PodRun, n: int, timeout: float) -> FirstStep:
                     break
                 if time.time() - launched > timeout:
                     break
-            started = subprocess.run(
-                [DOCKER, "inspect", "--format", "{{.State.StartedAt}}", name], capture_output=True, text=True
-            ).stdout.strip()
+            started, _, container_id = (
+                subprocess.run(
+                    [DOCKER, "inspect", "--format", "{{.State.StartedAt}} {{.Id}}", name],
+                    capture_output=True,
+                    text=True,
+                )
+                .stdout.strip()
+                .partition(" ")
+            )
+            cpu = container_cpu_seconds(container_id) if rec is not None and container_id else None
         finally:
             subprocess.run([DOCKER, "rm", "-f", name], capture_output=True)
             proc.wait()
@@ -174,16 +249,17 @@ def run_image(side: Side, pod: PodRun, n: int, timeout: float) -> FirstStep:
         time_to_first_step(rec),
         round(seen - launched, 3),
         None if created is None else round(docker_time(started) - created, 3),
+        None if cpu is None else round(cpu, 2),
     )
 
 
-def run_ftjob(side: Side, n: int, timeout: float) -> FirstStep:
+def run_ftjob(side: Side, n: int, timeout: float, prefix: Path | None) -> FirstStep:
     ftjob = Path(sys.executable).with_name("ftjob")
     with tempfile.TemporaryDirectory(prefix="first-step-run-") as tmp:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", **side.env}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         env.pop("FTJOB_STARTED_AT", None)  # `ftjob run` starts the clock itself
-        if "PYTHONPYCACHEPREFIX" in side.env:
-            env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "no-bytecode")
+        if prefix is not None:
+            env |= {"PYTHONPYCACHEPREFIX": str(prefix), "PYTHONDONTWRITEBYTECODE": "1"}
         log = Path(tmp) / "logs" / "train-node0.log"
         launched = time.time()
         proc = subprocess.Popen(
@@ -192,13 +268,18 @@ def run_ftjob(side: Side, n: int, timeout: float) -> FirstStep:
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            # A shell's background job starts with SIGINT ignored, and exec keeps it ignored: `ftjob run` would then
+            # not stop on the SIGINT below. Its default disposition makes it stop its ranks as on Ctrl-C.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
-        rec, seen = None, 0.0
+        rec, seen, cpu = None, 0.0, None
         try:
             while rec is None and proc.poll() is None and time.time() - launched < timeout:
                 text = log.read_text(errors="replace") if log.exists() else ""
                 rec = next((r for r in map(first_train, text.splitlines()) if r is not None), None)
                 seen = time.time()
+                if rec is not None:
+                    cpu = tree_cpu_seconds(proc.pid)
                 time.sleep(0.01)  # polls the log the run writes
         finally:
             if proc.poll() is None:
@@ -211,20 +292,22 @@ def run_ftjob(side: Side, n: int, timeout: float) -> FirstStep:
         if rec is None:
             tail = log.read_text(errors="replace").splitlines()[-30:] if log.exists() else []
             raise RuntimeError(f"{side.name} run {n}: no train line\n" + "\n".join(tail))
-    return FirstStep(side.name, n, round(seen - launched, 3), time_to_first_step(rec), None)
+    cpu_s = None if cpu is None else round(cpu, 2)
+    return FirstStep(side.name, n, round(seen - launched, 3), time_to_first_step(rec), None, None, cpu_s)
 
 
-def run_side(side: Side, pod: PodRun, n: int, timeout: float) -> FirstStep:
-    return run_image(side, pod, n, timeout) if side.kind == "image" else run_ftjob(side, n, timeout)
+def run_side(side: Side, pod: PodRun, n: int, timeout: float, prefixes: dict[str | None, Path]) -> FirstStep:
+    prefix = prefixes[side.image] if side.no_venv_bytecode else None
+    return run_image(side, pod, n, timeout, prefix) if side.kind == "image" else run_ftjob(side, n, timeout, prefix)
 
 
 def sides_for(image: str | None, compare: str | None) -> list[Side]:
     sides: list[Side] = []
     if image:
-        sides += [Side("image", "image", image), Side("image, from source", "image", image, FROM_SOURCE_ENV)]
+        sides += [Side("image", "image", image), Side("image, no venv bytecode", "image", image, True)]
     if compare:
         sides.append(Side("compare", "image", compare))
-    sides += [Side("ftjob run", "ftjob-run"), Side("ftjob run, from source", "ftjob-run", env=FROM_SOURCE_ENV)]
+    sides += [Side("ftjob run", "ftjob-run"), Side("ftjob run, no venv bytecode", "ftjob-run", None, True)]
     return sides
 
 
@@ -237,7 +320,7 @@ def image_present(image: str) -> str | None:
 
 
 def summarize(results: list[FirstStep]) -> dict[str, Any]:
-    """Median per side of each clock, and per round the bytecode sides against their `from source` twins."""
+    """Median per side of each clock, and per round the bytecode sides against their `no venv bytecode` twins."""
     out: dict[str, Any] = {}
     for side in dict.fromkeys(r.side for r in results):
         rs = [r for r in results if r.side == side]
@@ -250,32 +333,36 @@ def summarize(results: list[FirstStep]) -> dict[str, Any]:
         med["launchToFirstStep"] = round(statistics.median(launch), 2) if launch else None
         setup = [r.created_to_started for r in rs if r.created_to_started is not None]
         med["createdToStarted"] = round(statistics.median(setup), 3) if setup else None
+        cpu = [r.cpu_to_first_step for r in rs if r.cpu_to_first_step is not None]
+        med["cpuToFirstStep"] = round(statistics.median(cpu), 2) if cpu else None
         out[side] = med
     saved: dict[str, Any] = {}
     for side in ("image", "ftjob run"):
-        twin = f"{side}, from source"
-        pairs = [
-            (a.start_to_first_step, b.start_to_first_step)
-            for a in results
-            for b in results
-            if a.side == side and b.side == twin and a.round == b.round
-        ]
-        if pairs:
+        twin = f"{side}, no venv bytecode"
+        runs = [(a, b) for a in results for b in results if a.side == side and b.side == twin and a.round == b.round]
+        if runs:
+            pairs = [(a.start_to_first_step, b.start_to_first_step) for a, b in runs]
             saved[side] = {
-                "fromSourceMinusBytecodeSeconds": [round(b - a, 2) for a, b in pairs],
+                "withoutMinusWithSeconds": [round(b - a, 2) for a, b in pairs],
                 "median": round(statistics.median(b - a for a, b in pairs), 2),
             }
+            cpu = [(a.cpu_to_first_step, b.cpu_to_first_step) for a, b in runs]
+            cpu_pairs = [(a, b) for a, b in cpu if a is not None and b is not None]
+            if cpu_pairs:
+                saved[side]["cpuWithoutMinusWithSeconds"] = [round(b - a, 2) for a, b in cpu_pairs]
+                saved[side]["cpuMedian"] = round(statistics.median(b - a for a, b in cpu_pairs), 2)
     return {"median": out, "bytecodeSaves": saved}
 
 
 def table(summary: dict[str, Any]) -> str:
     rows = [
         "| side | start to first step, s | reported by the runtime, s | `docker run` to first step, s "
-        "| process created to container started, s |"
+        "| process created to container started, s | CPU to first step, s |"
     ]
-    rows.append("|---|---|---|---|---|")
+    rows.append("|---|---|---|---|---|---|")
     for side, m in summary["median"].items():
         cells = [m["startToFirstStep"], m["reported"], m["launchToFirstStep"], m["createdToStarted"]]
+        cells.append(m["cpuToFirstStep"])
         rows.append(f"| {side} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     return "\n".join(rows)
 
@@ -292,15 +379,19 @@ def measure(rounds: int, warm_up: bool, image: str | None, compare: str | None, 
     sides = sides_for(present[str(image)], present[str(compare)])
     pod = rank0_pod()
     results: list[FirstStep] = []
-    if warm_up:
-        for side in sides:
-            print(f"warm-up {side.name}: {asdict(run_side(side, pod, 0, timeout))}", flush=True)
-    for n in range(1, rounds + 1):
-        shift = (n - 1) % len(sides)
-        for side in sides[shift:] + sides[:shift]:
-            r = run_side(side, pod, n, timeout)
-            results.append(r)
-            print(f"round {n} {side.name}: {asdict(r)}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="first-step-prefix-") as tmp:
+        prefixes = {
+            s.image: stdlib_bytecode(Path(tmp) / str(i), s.image) for i, s in enumerate(sides) if s.no_venv_bytecode
+        }
+        if warm_up:
+            for side in sides:
+                print(f"warm-up {side.name}: {asdict(run_side(side, pod, 0, timeout, prefixes))}", flush=True)
+        for n in range(1, rounds + 1):
+            shift = (n - 1) % len(sides)
+            for side in sides[shift:] + sides[:shift]:
+                r = run_side(side, pod, n, timeout, prefixes)
+                results.append(r)
+                print(f"round {n} {side.name}: {asdict(r)}", flush=True)
     summary = summarize(results)
     return {
         "config": {
