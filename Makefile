@@ -27,9 +27,11 @@ UV_PRUNE = $(UV) cache prune -q
 # The repository's packages the venvs hold editable (hack/lock.py DEV_PACKAGES: the locks resolve their requirements).
 DEV_PACKAGES := $(shell python3 $(ROOT)/hack/lock.py dev-packages)
 # $(call LOCK_SYNC,VENV,LOCK): VENV holds exactly LOCK's packages (uv checks each hash the lock gives) and
-# DEV_PACKAGES, editable; the cache's unreachable entries are dropped afterwards.
+# DEV_PACKAGES, editable; the cache's unreachable entries are dropped afterwards. --compile-bytecode: without
+# it the first `ftjob run` compiles torch and transformers in each of its ranks, and every run does where the
+# .pyc cannot be written (PYTHONDONTWRITEBYTECODE, a read-only venv); cost and gain: benchmarks/README.md.
 LOCK_SYNC = python3 $(ROOT)/hack/lock.py setup-file $(2) > $(1)/lock.txt && \
-  VIRTUAL_ENV=$(1) $(UV) pip sync --find-links $(WHEELHOUSE) $(1)/lock.txt && $(UV_PRUNE)
+  VIRTUAL_ENV=$(1) $(UV) pip sync --compile-bytecode --find-links $(WHEELHOUSE) $(1)/lock.txt && $(UV_PRUNE)
 
 .PHONY: help setup lint lock lock-check format typecheck test test-unit test-local demo clean
 

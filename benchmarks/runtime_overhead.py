@@ -11,6 +11,10 @@ script's `BENCH-STEP` lines), which fire on the same steps (logging_first_step, 
   Per-epoch evaluation and checkpoints fall inside that window on both sides.
 The runtime's tokenised-dataset cache is warm after the warm-up (as on any run after a job's first); the bare
 script tokenises every time (400 rows: a fraction of a second).
+
+Then the demo job's time to the first step as its pod runs it in the cpu image and as `ftjob run` runs it, each
+against the same without bytecode, interleaved (first_step.py; --no-first-step skips it, --no-image keeps only
+the `ftjob run` sides).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import first_step
 from benchio import write_json
 
 from finetune_runtime.progress import parse_line
@@ -138,6 +143,11 @@ def main() -> int:
         help="1 pair of 1 epoch, no warm-up: the runtime's dataset cache is cold (make bench QUICK=1)",
     )
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    ap.add_argument("--first-step-rounds", type=int, default=3, help="rounds of first_step.py (default 3)")
+    ap.add_argument("--image", default=first_step.DEFAULT_IMAGE, help="the cpu image first_step.py runs")
+    ap.add_argument("--compare-image", help="a second image first_step.py measures (e.g. one built before a change)")
+    ap.add_argument("--no-image", action="store_true", help="first_step.py without docker: `ftjob run` sides only")
+    ap.add_argument("--no-first-step", action="store_true", help="skip first_step.py")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     pairs, epochs = (1, 1) if args.quick else (args.pairs, args.epochs)
@@ -180,6 +190,12 @@ def main() -> int:
         f"| time to first step, s (median) | {med['runtime']['secondsToFirstStep']} "
         f"| {med['bare']['secondsToFirstStep']} | {summary['firstStepDelaySeconds']:+} s |"
     )
+    if not args.no_first_step:
+        image = None if args.no_image else args.image
+        compare = None if args.no_image else args.compare_image
+        rounds = 1 if args.quick else args.first_step_rounds
+        doc["firstStep"] = first_step.measure(rounds, not args.quick, image, compare, args.timeout)
+        print(first_step.table(doc["firstStep"]))
     write_json(args.json, doc)
     return 0
 

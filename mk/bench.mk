@@ -23,7 +23,7 @@ bench-request-cost: setup k8s-bins ## API server + etcd CPU per request kind (ch
 bench-operator: setup k8s-bins ## Operator vs raw API on a real control plane: BENCH_JOBS (200) jobs, a 64-rank job, the steady state of the jobs training, deletion; BENCH_JOBS=1000 for the large run
 	$(PY) benchmarks/operator_scale.py --jobs $(BENCH_JOBS) $(if $(QUICK),--window 35,) --json $(BENCH_OUT)/operator-scale.json
 
-bench-runtime: setup ## Our runtime vs a bare HF Trainer script, A/B interleaved: samples/s ratio, time to first step
+bench-runtime: setup ## Our runtime vs a bare HF Trainer script, A/B interleaved: samples/s ratio, time to first step; the demo's time to the first step in the cpu image and under ftjob run, each against no bytecode
 	$(PY) benchmarks/runtime_overhead.py $(BENCH_QUICK) --json $(BENCH_OUT)/runtime-overhead.json
 
 bench-data: setup ## MeCab tokenisation throughput; the runtime's tokenised-dataset cache, first run vs second

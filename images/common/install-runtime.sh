@@ -8,6 +8,8 @@ set -eu
 VENV=${VENV:-/opt/venv}
 # No uv cache at all here: it would land in the image user's HOME (~/.cache/uv), i.e. in this layer.
 export UV_NO_CACHE=1
+# The runtime's own bytecode (install-stack.sh compiled the stack's; uv leaves valid .pyc as they are).
+export UV_COMPILE_BYTECODE=1
 /opt/tools/bin/uv pip install --python "$VENV/bin/python" --no-deps /wheels/runtime/finetune_runtime-*.whl
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md

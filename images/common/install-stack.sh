@@ -27,6 +27,10 @@ shift
 . /ftjob/ca-env.sh
 # copy: the uv cache is a BuildKit cache mount that the image must not link into; never download a Python.
 export UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+# Bytecode now, in the layer: the image user cannot write /opt/venv, so without it every process of every pod
+# compiled torch and transformers from source again (seconds per rank; benchmarks/README.md, time to the first
+# step). Timestamp .pyc: the layer keeps the sources' mtimes (tests/images checks that Python uses them).
+export UV_COMPILE_BYTECODE=1
 # uv's cache is the Dockerfiles' BuildKit cache mount; HOME is the image user's, whose ~/.cache would otherwise
 # end up in the layer.
 export UV_CACHE_DIR=/root/.cache/uv

@@ -37,6 +37,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _process_start() -> float:
+    """When this process was created (Unix time), as the kernel recorded it (/proc/self/stat's starttime against
+    /proc/uptime), so the interpreter's start-up counts; now where there is no /proc. The runtime's own copy,
+    finetune_runtime.startup.process_start, does the same for its launchers."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.time()
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])  # starttime, field 22: fields 3... follow the last ')'
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def _runtime_cmd() -> list[str]:
     exe = shutil.which("ftjob-runtime") or str(Path(sys.executable).with_name("ftjob-runtime"))
     if not Path(exe).exists():
@@ -249,6 +262,10 @@ def run_local(
     if (job["spec"].get("compileCache") or {}).get("precompile"):
         stages.append(("precompile", {"FTJOB_MODE": "precompile"}))
     stages.append(("train", {"FTJOB_MODE": "train"}))
+    # The time to the first step (status.progress.timeToFirstStepSeconds) counts from this process's start, as in
+    # a pod it counts from its main container's; a train stage after a precompile one counts from its own start,
+    # as the trainer container starts after the precompile init container.
+    stages[0][1].setdefault("FTJOB_STARTED_AT", os.environ.get("FTJOB_STARTED_AT") or f"{_process_start():.3f}")
     for stage, stage_env in stages:
         plans = [_node_plan(command, launcher, node, nodes, procs, {**base_env, **stage_env}) for node in range(nodes)]
         rc = _run_stage(stage, plans, logs, quiet)
@@ -317,6 +334,9 @@ def _run_stage(stage: str, plans: list[tuple[list[str], dict[str, str]]], logs: 
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
     reporter.close()
+    first = (reporter.state or {}).get("timeToFirstStepSeconds")
+    if rc == 0 and first is not None:
+        print(f"{stage}: first training step after {first} s", file=sys.stderr)
     return rc
 
 

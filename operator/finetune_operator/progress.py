@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import datetime
 from typing import Any
 
 from .constants import PROGRESS_PREFIX
@@ -79,10 +80,27 @@ def fold(records: list[dict[str, Any]], previous: dict[str, Any] | None = None) 
                 state[k] = rec[k]
         if rec.get("metrics"):
             state["metrics"] = rec["metrics"]
+        if (first := time_to_first_step(rec)) is not None:
+            state["timeToFirstStepSeconds"] = first
     if not seen:
         return previous
     state["summary"] = summarize(state)
     return state
+
+
+def time_to_first_step(rec: dict[str, Any]) -> float | None:
+    """Seconds from the start of the process that launched rank 0 (`startedAt`: the pod's main process, or `ftjob
+    run`) to the end of rank 0's first training step (`firstStepAt`), as a train line reports them
+    (docs/runtime.md, "Time to the first step"); None when the line does not carry both, or they make no sense."""
+    if rec.get("event") != "train":
+        return None
+    try:
+        started = datetime.fromisoformat(str(rec["startedAt"]))
+        first = datetime.fromisoformat(str(rec["firstStepAt"]))
+        seconds = (first - started).total_seconds()
+    except (KeyError, TypeError, ValueError):  # absent, malformed, or one naive and one aware
+        return None
+    return round(seconds, 2) if seconds >= 0 else None
 
 
 def from_text(text: str, previous: dict[str, Any] | None = None) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from finetune_runtime import checkpoints, modelstats
+from finetune_runtime import checkpoints, modelstats, startup
 from finetune_runtime.progress import ProgressEmitter, clean_metrics, utc_now
 
 # An epoch-end save bounds what a restart loses to one epoch. When the newest checkpoint (or the start of
@@ -36,6 +36,7 @@ class ProgressCallback(TrainerCallback):
         on_checkpoint: Callable[[Path], str | None] | None = None,
         summary_metric: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        started_at: float | None = None,
     ) -> None:
         self.emitter = emitter
         self.uid = uid  # the job's: each checkpoint's marker records it (checkpoints.mark_complete)
@@ -55,6 +56,10 @@ class ProgressCallback(TrainerCallback):
         self.model_numbers: dict[str, int] | None = None
         self.precision: str | None = None
         self.first_log: tuple[float, int] | None = None
+        # The time to the first step (startup.py): when the run started (Unix time), when this process's first
+        # optimizer step ended; both on every train line from then on.
+        self.started_at = started_at
+        self.first_step_at: float | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         self.t0 = self.t_last = self.saved_at = self.clock()  # a resume starts from a checkpoint: as if just saved
@@ -80,6 +85,10 @@ class ProgressCallback(TrainerCallback):
         ):
             control.should_save = True
         return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if not logs or "loss" not in logs:
@@ -107,6 +116,7 @@ class ProgressCallback(TrainerCallback):
             **self._throughput(sps),
             meanSamplesPerSecond=round(mean, 2) if mean else None,
             time=utc_now(),
+            **self._first_step(),
         )
 
     def _throughput(self, sps: float | None) -> dict[str, Any]:
@@ -126,6 +136,11 @@ class ProgressCallback(TrainerCallback):
         out["precision"] = self.precision
         out["model"] = self.model_numbers
         return out
+
+    def _first_step(self) -> dict[str, str]:
+        if self.precompile or self.started_at is None or self.first_step_at is None:
+            return {}
+        return {"startedAt": startup.iso_utc(self.started_at), "firstStepAt": startup.iso_utc(self.first_step_at)}
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kw: Any

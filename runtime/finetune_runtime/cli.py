@@ -34,7 +34,9 @@ def cmd_worker(_: argparse.Namespace) -> int:
 
 def cmd_launch(ns: argparse.Namespace) -> int:
     from finetune_runtime.launcher import launch_plan
+    from finetune_runtime.startup import mark_start
 
+    mark_start()  # the pod's main process: the time to the first step counts from its start
     argv, extra = launch_plan(os.environ, ns.precompile)
     print("ftjob-runtime launch: " + " ".join(argv), flush=True)
     return _run_relaying(argv, extra) if ns.precompile else _exec(argv, extra)
@@ -43,7 +45,9 @@ def cmd_launch(ns: argparse.Namespace) -> int:
 def cmd_mpirun(ns: argparse.Namespace) -> int:
     from finetune_runtime.launcher import mpirun_plan, parse_hostfile, write_ssh_config, write_ssh_wrapper
     from finetune_runtime.sshd import DEFAULT_SECRET_DIR, LAUNCHER_KEYS, install_keys, runtime_ssh_dir
+    from finetune_runtime.startup import mark_start
 
+    mark_start()  # the launcher pod's main process: rank 0's time to the first step counts from its start
     ssh_dir = runtime_ssh_dir(os.environ)
     secret = Path(os.environ.get("FTJOB_SSH_SECRET_DIR") or DEFAULT_SECRET_DIR)
     if secret.is_dir():

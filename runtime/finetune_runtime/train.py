@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finetune_runtime import checkpoints, compilecache, data, location, resume, s3sync, tasks
+from finetune_runtime import checkpoints, compilecache, data, location, resume, s3sync, startup, tasks
 from finetune_runtime.backends import (
     INDUCTOR_CACHE_VAR,
     BackendPlan,
@@ -225,6 +225,8 @@ def start() -> Run | int:
     if cfg.task is None:
         log.error("config.json has no task (a bring-your-own command job): the runtime worker has nothing to do")
         return 2
+    # Before anything imports transformers, which imports these whenever they are installed.
+    hidden = startup.hide(startup.unused_packages(cfg.task, env))
     precompile = env.get("FTJOB_MODE", "train") == "precompile"
     steps = env.get("FTJOB_PRECOMPILE_STEPS") or cfg.compile_cache.precompile_steps
     if precompile and not steps:
@@ -264,6 +266,8 @@ def start() -> Run | int:
         info.source,
         "precompile" if precompile else "train",
     )
+    if hidden:
+        log.info("not loading %s: this job does not use them", ", ".join(hidden))
     return run
 
 
@@ -381,6 +385,7 @@ def build_trainer(
         uid=run.me.uid,
         on_checkpoint=sync.upload if sync is not None else None,
         summary_metric=plugin.metrics[0],
+        started_at=startup.started_at(run.env),
     )
     common: dict[str, Any] = {
         "model": model,

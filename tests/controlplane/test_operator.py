@@ -364,7 +364,17 @@ def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
         key = (namespace, "pg-rank-0", "trainer")
         node.logs[key] = (
             "loading dataset\n"
-            + format_line("train", step=120, totalSteps=500, epoch=1.2, loss=0.41, samplesPerSecond=35.2, etaSeconds=96)
+            + format_line(
+                "train",
+                step=120,
+                totalSteps=500,
+                epoch=1.2,
+                loss=0.41,
+                samplesPerSecond=35.2,
+                etaSeconds=96,
+                startedAt="2026-12-04T10:00:00.000Z",
+                firstStepAt="2026-12-04T10:00:04.250Z",
+            )
             + "\n"
         )
         for p in pods:
@@ -381,6 +391,8 @@ def test_progress_from_rank0_log_reaches_status_kubectl_and_metrics(
             message=f"progress 120/500 (log requests: {node.requests})",
         )
         assert first == "120/500 (24%) loss 0.41 ETA 1m36s"
+        # The launcher's start and rank 0's first step, as the runtime reports them (docs/runtime.md).
+        assert status(kube_api, namespace, "pg")["progress"]["timeToFirstStepSeconds"] == 4.25
         assert any(
             r.startswith("/containerLogs/" + namespace + "/pg-rank-0/trainer?") and "tailLines=" in r
             for r in node.requests

@@ -79,6 +79,25 @@ def test_no_build_leftovers(docker: Docker, image: str) -> None:
     assert out.split() == [], out
 
 
+# What a rank of the demo job imports before its first step (the launcher's torchrun, the runtime, its task, the stack).
+RANK_IMPORTS = (
+    "import torch.distributed.run, datasets, finetune_runtime.cli, finetune_runtime.train, "
+    "finetune_runtime.tasks.text_classification; from transformers import Trainer"
+)
+
+
+def test_a_rank_loads_the_bytecode_of_the_build(docker: Docker, image: str) -> None:
+    """Every module a rank imports comes from the .pyc the build wrote (install-stack.sh, install-runtime.sh). As
+    UID 1000 the venv is read-only, so a module without its .pyc, or with a stale one (a layer that did not keep
+    the sources' mtimes), would be compiled again by every process of every pod: `python -v` says which."""
+    out = _sh(docker, image, f'python -v -c "{RANK_IMPORTS}" 2>&1 >/dev/null', timeout=300)
+    from_source = re.findall(r"^# code object from (/opt/venv/\S+\.py)$", out, re.M)
+    from_bytecode = re.findall(r"^# code object from '(/opt/venv/\S+\.pyc)'$", out, re.M)
+    assert from_source == [], f"{len(from_source)} modules compiled from source at start, e.g. {from_source[:5]}"
+    for package in ("torch", "transformers", "datasets", "finetune_runtime"):
+        assert any(f"/site-packages/{package}/__pycache__/" in p for p in from_bytecode), package
+
+
 def test_system_tools_present(docker: Docker, image: str) -> None:
     out = _sh(
         docker,

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -126,6 +128,7 @@ def _run_example(
 
 @pytest.mark.slow
 def test_demo_job_trains_two_ranks_with_torchrun(tmp_path: Path) -> None:
+    before = time.time()
     r, metrics = _run_example("demo-ja-sentiment.yaml", tmp_path / "w", "demo-ja")
     assert metrics["worldSize"] == 2
     assert metrics["eval"]["accuracy"] >= 0.7  # balanced eval set: chance is 0.5
@@ -138,6 +141,13 @@ def test_demo_job_trains_two_ranks_with_torchrun(tmp_path: Path) -> None:
     assert prog["metrics"]["accuracy"] == metrics["eval"]["accuracy"]
     assert prog["summary"].endswith("done") and f"{prog['step']}/{prog['totalSteps']} (100%)" in prog["summary"]
     assert f"accuracy {metrics['eval']['accuracy']:.3g}" in prog["summary"]  # the task's summaryMetric
+    # The time to the first step counts from `ftjob run`'s own start (docs/runtime.md), and ftjob run says it.
+    train = [x for x in map(progress.parse_line, (tmp_path / "w" / "logs" / "train-node0.log").open()) if x]
+    train = [x for x in train if x["event"] == "train"]
+    started = datetime.fromisoformat(train[0]["startedAt"]).timestamp()
+    assert before - 0.03 <= started < datetime.fromisoformat(train[0]["firstStepAt"]).timestamp()
+    assert prog["timeToFirstStepSeconds"] > 0
+    assert f"train: first training step after {prog['timeToFirstStepSeconds']} s" in r.stderr
 
 
 @pytest.mark.slow

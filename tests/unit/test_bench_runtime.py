@@ -90,3 +90,115 @@ def test_compile_cache_job_is_the_sample_with_a_trial_and_compile(tmp_path: Path
     )
     assert [r["step"] for r in cc.records(log, "precompile")] == [1, 2]
     assert cc.records(log, "train") == [] and cc.records(tmp_path / "absent.log", "train") == []
+
+
+def test_first_step_runs_the_rank0_pod_as_ftjob_render_makes_it(tmp_path: Path) -> None:
+    """first_step.py's container: the demo job's rank-0 pod (command, env, config.json) from the builders, with
+    the loopback as rank 0's address and the pod's volumes as fresh folders."""
+    import first_step as fs
+
+    pod = fs.rank0_pod()
+    assert pod.command == ["ftjob-runtime", "launch"]
+    assert pod.env["FTJOB_NPROC_PER_NODE"] == "2" and pod.env["FTJOB_MASTER_ADDR"] == "127.0.0.1"
+    assert json.loads(pod.config_json)["task"]["model"] == "examples/models/tiny-bert-ja"
+    args = fs.docker_args(pod, "img:tag", "c1", tmp_path)
+    assert args[args.index("img:tag") :] == ["img:tag", "ftjob-runtime", "launch"]
+    assert f"{tmp_path / 'config.json'}:{pod.config_path}:ro" in args
+    assert not [a for a in args if a.startswith("PYTHONPYCACHEPREFIX")]
+    assert f"{tmp_path / 'cache'}:/cache" in args and (tmp_path / "cache").stat().st_mode & 0o777 == 0o777
+    assert args[args.index("--network") + 1] == "none" and args[args.index("-w") + 1] == fs.WORKDIR
+    # Without venv bytecode: the standard library's, read-only, as the only bytecode Python may read.
+    (tmp_path / "2").mkdir()
+    twin = fs.docker_args(pod, "img:tag", "c2", tmp_path / "2", tmp_path / "prefix")
+    assert f"{tmp_path / 'prefix'}:{fs.PREFIX_IN_CONTAINER}:ro" in twin
+    assert f"PYTHONPYCACHEPREFIX={fs.PREFIX_IN_CONTAINER}" in twin and "PYTHONDONTWRITEBYTECODE=1" in twin
+
+
+def test_first_step_clocks_and_summary() -> None:
+    import first_step as fs
+
+    assert fs.docker_time("2026-12-04T19:33:40.123456789Z") == pytest.approx(1796412820.123456789, abs=1e-6)
+    assert fs.docker_time("2026-12-04T19:33:40Z") == 1796412820.0
+    line = "[rank0]: " + format_line("train", step=1, totalSteps=9, startedAt="2026-12-04T19:33:30.000Z")
+    assert fs.first_train(line) is not None and fs.first_train(format_line("eval", step=1)) is None
+    assert [s.name for s in fs.sides_for("a", "b")] == [
+        "image",
+        "image, no venv bytecode",
+        "compare",
+        "ftjob run",
+        "ftjob run, no venv bytecode",
+    ]
+    assert [s.name for s in fs.sides_for(None, None)] == ["ftjob run", "ftjob run, no venv bytecode"]
+    runs = [
+        fs.FirstStep("image", 1, 5.0, 5.2, 5.5, 0.2, 8.0),
+        fs.FirstStep("image, no venv bytecode", 1, 20.0, 20.2, 20.5, 0.2, 30.0),
+        fs.FirstStep("image", 2, 7.0, 7.2, 7.5, 0.1, 9.0),
+        fs.FirstStep("image, no venv bytecode", 2, 15.0, 15.2, 15.5, 0.3, None),
+        fs.FirstStep("ftjob run", 1, 6.0, 6.0, None),
+    ]
+    s = fs.summarize(runs)
+    assert s["median"]["image"] == {
+        "startToFirstStep": 6.0,
+        "reported": 6.2,
+        "launchToFirstStep": 6.5,
+        "createdToStarted": 0.15,
+        "cpuToFirstStep": 8.5,
+    }
+    assert s["median"]["ftjob run"]["launchToFirstStep"] is None
+    # Per round, each bytecode side against its twin without venv bytecode.
+    # CPU seconds only where both runs of a round have them.
+    assert s["bytecodeSaves"] == {
+        "image": {
+            "withoutMinusWithSeconds": [15.0, 8.0],
+            "median": 11.5,
+            "cpuWithoutMinusWithSeconds": [22.0],
+            "cpuMedian": 22.0,
+        }
+    }
+    assert "| image | 6.0 | 6.2 | 6.5 | 0.15 | 8.5 |" in fs.table(s)
+    assert "| ftjob run | 6.0 | 6.0 | - | - | - |" in fs.table(s)
+
+
+def test_first_step_cpu_of_a_container_cgroup(tmp_path: Path) -> None:
+    import first_step as fs
+
+    v1 = tmp_path / "v1" / "cpuacct" / "docker" / "abc"
+    v1.mkdir(parents=True)
+    (v1 / "cpuacct.usage").write_text("2500000000\n")
+    assert fs.container_cpu_seconds("abc", tmp_path / "v1") == 2.5
+    v2 = tmp_path / "v2" / "system.slice" / "docker-abc.scope"
+    v2.mkdir(parents=True)
+    (v2 / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n")
+    assert fs.container_cpu_seconds("abc", tmp_path / "v2") == 1.5
+    assert fs.container_cpu_seconds("other", tmp_path / "v2") is None
+
+
+def test_first_step_cpu_of_a_process_tree_counts_live_and_reaped_children() -> None:
+    import subprocess
+    import sys
+    import time
+
+    import first_step as fs
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}: pass\n"
+    # A parent that burns 0.3 s, has reaped a child that burnt 0.3 s, and has a live child that burns 0.3 s.
+    parent = (
+        "import subprocess, sys, time\n"
+        f"subprocess.run([sys.executable, '-c', {burn.format(0.3)!r}])\n"
+        f"exec({burn.format(0.3)!r})\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {(burn.format(0.3) + 'time.sleep(60)')!r}])\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 60
+        while (cpu := fs.tree_cpu_seconds(proc.pid)) < 0.9 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the live child is still burning
+        assert cpu >= 0.9
+        # Not this test process's own CPU, nor other processes'.
+        assert cpu < 0.9 + 3.0
+    finally:
+        proc.kill()
+        proc.wait()

@@ -80,3 +80,26 @@ def test_runtime_parser_rejects_nan_and_infinity() -> None:
             parse_line('FTJOB_PROGRESS {"event":"train","loss":' + bad + "}")
     # The runtime writes a diverged loss as null, never as NaN.
     assert parse_line(format_line("train", loss=float("nan"), step=1)) == {"event": "train", "loss": None, "step": 1}
+
+
+def test_time_to_first_step_from_the_train_lines_start_and_first_step() -> None:
+    """startedAt (the launcher's start) and firstStepAt (the end of rank 0's first step) on a train line become
+    timeToFirstStepSeconds; later lines carry the same two, and a new attempt's replace them (docs/runtime.md)."""
+    line = 'FTJOB_PROGRESS {"event":"train","step":%d,"totalSteps":9,"loss":1.0,"startedAt":"%s","firstStepAt":"%s"}'
+    t0, t1 = "2026-12-04T19:33:30.250Z", "2026-12-04T19:33:34.570Z"
+    p = progress.from_text("\n".join([line % (1, t0, t1), line % (5, t0, t1)]))
+    assert p is not None and p["timeToFirstStepSeconds"] == 4.32
+    again = progress.from_text(line % (1, "2026-12-04T19:40:00.000Z", "2026-12-04T19:40:03.000Z"), p)
+    assert again is not None and again["timeToFirstStepSeconds"] == 3.0
+    # Lines without both, eval lines, and times that are malformed, naive or out of order change nothing.
+    for text in (
+        'FTJOB_PROGRESS {"event":"train","step":6,"totalSteps":9,"loss":1.0}',
+        'FTJOB_PROGRESS {"event":"eval","step":6,"totalSteps":9,"metrics":{},'
+        '"startedAt":"2026-12-04T19:40:00Z","firstStepAt":"2026-12-04T19:40:01Z"}',
+        line % (6, "yesterday", t1),
+        line % (6, "2026-12-04T19:33:30", t1),
+        line % (6, t1, t0),
+    ):
+        later = progress.from_text(text, p)
+        assert later is not None and later["timeToFirstStepSeconds"] == 4.32, text
+    assert "timeToFirstStepSeconds" not in (progress.from_text(LOG) or {})

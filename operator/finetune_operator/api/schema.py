@@ -950,8 +950,10 @@ STATUS = _o(
         ),
         "progress": _free(
             "Latest progress reported by rank 0: step, totalSteps, epoch, loss, samplesPerSecond, "
-            "etaSeconds, metrics, summaryMetric (the task's headline metric), summary, and what throughput is "
-            "derived from (tokens, precision, the model's numbers)."
+            "etaSeconds, metrics, summaryMetric (the task's headline metric), summary, what throughput is derived "
+            "from (tokens, precision, the model's numbers), and timeToFirstStepSeconds (from the start of the main "
+            "process of the pod that launches rank 0 to the end of rank 0's first training step, newest attempt; "
+            "see docs/runtime.md)."
         ),
         "throughput": _o(
             "Training speed as rank 0 measured it, with the model FLOPs and MFU the operator derives from it "
