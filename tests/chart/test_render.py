@@ -32,6 +32,8 @@ CRD_READ: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     # Kueue: an admitted job's ResourceFlavors (cluster-scoped; k8s.Kube.get_resource_flavor).
     ("kueue.x-k8s.io", "resourceflavors"): {"get"},
+    # Node loss: every Node's Ready condition (watched by handlers.node_health).
+    ("", "nodes"): {"list", "watch"},
 }
 # Leader election: the operator's Lease in its own namespace (leader.Elector: k8s.Kube.get_lease, create_lease,
 # update_lease), granted by a Role there in both modes.
