@@ -665,6 +665,19 @@ def _restart(p: Pass, f: dict[str, Any], msg: str, grace: int | None) -> Plan:
     return p.plan
 
 
+def _note_lost(p: Pass, f: dict[str, Any]) -> None:
+    """Record, once, that an earlier attempt's pod was lost with its node. That attempt's restart had another
+    cause, seen first: a rank on a live node fails in a collective as soon as its peer's node dies, before the
+    node controller's grace period has marked that node not Ready. No restart: the group has restarted already."""
+    st = p.status
+    key = (f["attempt"], f["pod"], NODE_LOST)
+    if any((x.get("attempt"), x.get("pod"), x.get("reason")) == key for x in st.get("failures", [])):
+        return
+    f["time"] = iso(p.now)
+    st["failures"] = [*st.get("failures", []), f][-10:]
+    p.plan.events.append(("Warning", "NodeLost", _describe(f)))
+
+
 def lost_nodes(p: Pass) -> None:
     """After the deciding phase: a pod on a lost node (not Ready for runPolicy.nodeLossSeconds) that is being
     deleted, or that this pass deletes, is force-deleted (grace 0): its kubelet will never confirm its end, and
@@ -672,10 +685,13 @@ def lost_nodes(p: Pass) -> None:
     Ready but not yet lost, the NodeLost condition says so and the loop looks again when it will be."""
     st = p.status
     deleting = set(p.plan.delete_pods)
+    attempt = int(st.get("restartCount") or 0)
+    loss = int(p.run_policy.get("nodeLossSeconds", 60))
     for pod, down in p.nodes_down(finished=True):
         if down.lost and (_deleting(pod) or pod["metadata"]["name"] in deleting):
             p.delete([pod], grace=0)
-    attempt = int(st.get("restartCount") or 0)
+            if _attempt(pod) < attempt:
+                _note_lost(p, _node_lost(pod, down, _attempt(pod), loss))
     waiting = [(pod, d) for pod, d in p.nodes_down() if _attempt(pod) == attempt and not d.lost]
     if waiting and st.get("phase") not in TERMINAL:
         nodes = {d.node: d for _, d in waiting}

@@ -370,6 +370,28 @@ def test_pods_stuck_terminating_on_a_lost_node_are_force_deleted() -> None:
     assert after.pod_uids == {"j-rank-1": "u-old"}
 
 
+def test_a_lost_node_behind_an_earlier_restart_is_recorded_once_without_another_restart() -> None:
+    """Found on the real nodes: node B dies, rank 0 on node A fails at once in a collective (connection reset) and
+    the group restarts as RankFailed before node B is even seen not Ready. Once node B is lost, its pod of that
+    attempt is force-deleted and status.failures says NodeLost naming the node (the real cause), once, with no
+    restart of the new attempt."""
+    first = {"attempt": 0, "pod": "j-rank-0", "rank": 0, "exitCode": 1, "reason": "Error", "node": "node-a"}
+    j = job({"phase": "Restarting", "restartCount": 1, "failures": [first]}, nodeLossSeconds=30)
+    stale = on(pod("j-rank-1", "Running", 0, rank=1, deleting=True), "node-b")
+    stale["metadata"]["uid"] = "u-old"
+    waiting = rec.reconcile(j, observe([stale], {"node-b": not_ready(T0)}, T0 + timedelta(seconds=10)))
+    assert waiting.status["failures"] == [first]
+    plan = rec.reconcile(j, observe([stale], {"node-b": not_ready(T0)}, T0 + timedelta(seconds=31)))
+    st = plan.status
+    assert st["restartCount"] == 1 and plan.grace == {"j-rank-1": 0}
+    lost = st["failures"][-1]
+    assert (lost["reason"], lost["node"], lost["pod"], lost["attempt"]) == ("NodeLost", "node-b", "j-rank-1", 0)
+    assert ("Warning", "NodeLost") in [e[:2] for e in plan.events]
+    j["status"] = st
+    again = rec.reconcile(j, observe([stale], {"node-b": not_ready(T0)}, T0 + timedelta(seconds=33)))
+    assert again.status["failures"] == st["failures"]  # recorded once
+
+
 def evicted(p: dict[str, Any], **status: Any) -> dict[str, Any]:
     """A pod the eviction API took: its DisruptionTarget condition, then its deletion."""
     p["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
