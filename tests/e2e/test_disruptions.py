@@ -315,3 +315,53 @@ def test_drain_saves_the_current_step_on_every_rank_and_the_group_resumes_from_i
         f"resumed from step {resumed} (step {at_drain} logged when it began)",
         flush=True,
     )
+
+
+def test_node_lost_when_the_job_needs_it_waits_unschedulable_and_succeeds_once_it_is_back(
+    kubectl: Kubectl, operator: str, node_cluster: NodeCluster, job_namespace: tuple[str, Path]
+) -> None:
+    """(b) Whole-node ranks, one per node: the job needs node B. Node B dies after a checkpoint; the group restarts
+    as NodeLost; with one node left the new rank pod for node B's place waits and the job says Unschedulable with
+    the scheduler's message; once node B is back (`restart_node`) the job resumes from the newest checkpoint and
+    Succeeds, never with two pods of one rank."""
+    ns, host = job_namespace
+    b = node.NODE_B.name
+    name = "ja-node-back"
+    cluster = node_cluster.cluster
+    _operator_on_node_a(kubectl, operator, node_cluster)
+    ranks = RankWatch(node_cluster.kubeconfig, ns, name)
+    ckpts = host / name / ns / name / "checkpoints"
+    with ranks.running():
+        kubectl("-n", ns, "apply", "-f", str(JOBS / f"{name}.yaml"))
+        try:
+            at_kill = int(
+                wait_for(lambda: _newest_step(ckpts), timeout=JOB_TIMEOUT, interval=1.0, message="a first checkpoint")
+            )
+            placed = {p["spec"].get("nodeName") for p in _pods(kubectl, ns)}
+            assert placed == set(node_cluster.nodes), placed
+            node.kill_node(cluster, b)
+            # The restart's cause may be NodeLost, or rank 0 failing in a collective before node B is seen not
+            # Ready; then NodeLost is recorded for that attempt once node B is lost. Either way it names node B.
+            st = _wait_status(
+                kubectl,
+                ns,
+                name,
+                lambda s: (
+                    s.get("restartCount", 0) >= 1
+                    and s.get("reason") == "Unschedulable"
+                    and any(f.get("reason") == "NodeLost" and f.get("node") == b for f in s.get("failures", []))
+                ),
+                NODE_MONITOR_GRACE_S + 30 + SLACK_S + 120,
+                "the new attempt Unschedulable, node B's loss recorded",
+            )
+            assert "node" in st["message"], st["message"]  # the scheduler's own words, e.g. "0/2 nodes are available"
+            node.restart_node(cluster, b)
+        finally:
+            if not any(x.process for x in cluster.components if x.name == f"kubelet{node.NODE_B.suffix}"):
+                node.restart_node(cluster, b)  # the session's other tests need node B
+        done = _wait_status(kubectl, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), JOB_TIMEOUT, "end")
+    assert done["phase"] == "Succeeded" and done["restartCount"] == 1, done  # one restart, however it was caused
+    metrics = json.loads((host / name / ns / name / "metrics.json").read_text())
+    resumed = checkpoints.checkpoint_step(Path(metrics["resumedFrom"]))
+    assert resumed is not None and resumed >= at_kill, (metrics["resumedFrom"], at_kill)
+    assert ranks.events > 0 and not ranks.duplicates, ranks.duplicates
