@@ -66,6 +66,11 @@ CONTAINER_SSHD: Final = "sshd"
 INIT_WAIT: Final = "wait-for-peers"
 INIT_PRECOMPILE: Final = "precompile"
 
+# The taints the node lifecycle controller puts on a node it declares lost (NoExecute: pods are evicted once their
+# toleration ends, 300 s by default). Read by the rule that runPolicy.nodeLossSeconds ends before a toleration of
+# them does (api/rules.py).
+NODE_LOSS_TAINTS: Final = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
 RUNTIME_CMD: Final = "ftjob-runtime"  # console script of the runtime package, present in every image
 
 # Leader election (leader.py): controller-runtime's defaults, read by `ftjob operator`'s --leader-elect-* flags

@@ -37,6 +37,7 @@ from .builders.layout import launcher_of, resolve
 from .builders.names import Names
 from .builders.objects import SshKeys
 from .conditions import TERMINAL, set_condition
+from .disruptions import hang_left, note_progress
 from .expectations import Expectations
 from .jobcache import JobCache
 from .kueue import admitted_flavors, priority_class_to_read
@@ -71,6 +72,8 @@ class Children:
     # "Kind/name" -> (uid, labels) of `objects` found under the key by their controller owner whose job-name label
     # names another job (Observed.mislabelled).
     mislabelled: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    # Node name -> disruptions.slim_node of the nodes the pods are bound to (Observed.nodes).
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 # Creates in flight at once, across all jobs: a 64-rank job's pods go out together instead of one after another,
@@ -114,7 +117,7 @@ class Api(Protocol):
     def patch_status(self, ns: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None: ...
     def event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None: ...
     def create(self, obj: dict[str, Any]) -> bool: ...
-    def delete_pod(self, ns: str, name: str, uid: str) -> None: ...
+    def delete_pod(self, ns: str, name: str, uid: str, grace: int | None = None) -> None: ...
     def delete_job(self, ns: str, name: str, uid: str) -> None: ...
     def relabel(self, ns: str, change: Relabel) -> None: ...
     def log_tail(self, ns: str, pod: str, container: str, lines: int = 200) -> str | None: ...
@@ -179,7 +182,7 @@ def apply(
         # A pod no watch event has shown yet (this loop created it) has no uid to delete it by: the pass its
         # event wakes deletes it.
         if pod in plan.pod_uids:
-            api.delete_pod(ns, pod, plan.pod_uids[pod])
+            api.delete_pod(ns, pod, plan.pod_uids[pod], plan.grace.get(pod))
     for change in plan.relabel:
         api.relabel(ns, change)
     if plan.delete_workload is not None:
@@ -320,7 +323,7 @@ class JobLoop:
             self.cache.expire(IDLE_REQUEUE_S)  # a timer pass reads the job fresh unless the API answered lately
         got = children()
         got = got if isinstance(got, Children) else Children(*got)
-        taken = Children(list(got.pods), dict(got.objects), list(got.workloads), dict(got.mislabelled))
+        taken = Children(list(got.pods), dict(got.objects), list(got.workloads), dict(got.mislabelled), dict(got.nodes))
         self.expected.add_to(taken.pods, taken.objects, taken.workloads)
         return taken
 
@@ -411,7 +414,9 @@ class JobLoop:
         wl = next((w for w in children.workloads if w["metadata"]["name"] == name), None)
         if self.poll_workloads and _queued_ever(raw):
             wl = slim_workload(got) if (got := self.api.get_workload(ns, name)) is not None else None
-        bare = Observed(pods, children.objects, now, workload=wl, mislabelled=children.mislabelled)
+        bare = Observed(
+            pods, children.objects, now, workload=wl, mislabelled=children.mislabelled, nodes=children.nodes
+        )
         try:
             job = validate(raw)
         except InvalidSpec as e:
@@ -424,8 +429,11 @@ class JobLoop:
         if old_status.get("phase") in FOLLOWED:
             # Rank 0 finished: its last lines (final step, metrics, done) are read now, whatever the interval,
             # so a finished job's status.progress is its final one.
+            # So is it when rank 0's silence reaches runPolicy.progressDeadlineSeconds: a Hung verdict is never
+            # made on a read older than the deadline.
+            due = hang_left(old_status, job["spec"].get("runPolicy", {}).get("progressDeadlineSeconds"), now) == 0
             prog = self._read_progress(
-                rank0_log_source(job, old_status.get("phase")), old_status, force=_rank0_finished(job, pods)
+                rank0_log_source(job, old_status.get("phase")), old_status, force=due or _rank0_finished(job, pods)
             )
         # An admitted Workload's flavors, read each pass (a GET each): their nodeLabels and tolerations go onto
         # the pods; one that cannot be read (None) is left out and reconcile waits for it.
@@ -507,7 +515,8 @@ class JobLoop:
         prog = self._read_progress(followed.source, status)
         if prog is None or prog == status.get("progress"):
             return
-        new = {**status, "progress": prog}
+        new = dict(status)
+        note_progress(new, prog, self.now())  # lastProgressTime: runPolicy.progressDeadlineSeconds' clock
         measured = throughput.of(followed.hardware, prog)
         if measured is not None:
             new["throughput"] = measured

@@ -15,6 +15,7 @@ import kopf
 
 from . import constants as c
 from .controller import QUEUED_POLL_S, Children, JobLoop, Loops, network_policies
+from .disruptions import node_name, slim_node
 from .k8s import Kube, load_client_config, shared_client
 from .leader import Elector, Settings
 from .metrics import LEADER, start_metrics_server
@@ -180,6 +181,29 @@ def watch_workloads() -> None:
     )
 
 
+# Nodes, for node loss (runPolicy.nodeLossSeconds; docs/operator.md, "Node loss"): node name -> its Ready state
+# (disruptions.slim_node). Every Node is watched, unfiltered (the nodes are not the operator's): a cluster-scoped
+# list/watch, in both modes. A change of a node's Ready state or cordon wakes the jobs with a pod on it; a job's pass
+# reads the states of its pods' nodes from here, with no request.
+@kopf.index("nodes", id="node_health")
+async def node_health(body: kopf.Body, name: str, **_: Any) -> Any:
+    return {name: slim_node(body)}
+
+
+@kopf.on.event("nodes", id="wake_nodes")
+async def _node_event(type: str | None, body: kopf.Body, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Wakes the loops of the jobs with a pod on this node when its Ready state or cordon changed (most Node
+    events are the kubelet's periodic status reports, which change neither)."""
+    health = None if type == "DELETED" else slim_node(body)
+    if "health" in memo and memo["health"] == health:  # the node's own memo: what its last event said
+        return
+    memo["health"] = health
+    pods: kopf.Index[tuple[str, str], dict[str, Any]] = kwargs["job_pods"]
+    for key in pods:
+        if any(node_name(pod) == name for pod in pods.get(key, [])):
+            memo.loops.wake(*key)
+
+
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
 async def _job_event(
     type: str | None, body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo, **_: Any
@@ -226,6 +250,7 @@ async def job_daemon(
     polled = bool(memo.get("poll_workloads"))
     pods, *others = (kwargs[i] for i in _index_ids(config, workloads=not polled))
     workloads: Mapping[Any, Any] = {} if polled else others.pop(0)
+    nodes = kwargs["node_health"]
 
     def children() -> Children:
         objects: dict[str, str | None] = {}
@@ -235,7 +260,9 @@ async def job_daemon(
                 objects[ref] = owner
                 if wrong is not None:
                     mislabelled[ref] = wrong
-        return Children(list(pods.get(key, [])), objects, list(workloads.get(key, [])), mislabelled)
+        mine = list(pods.get(key, []))
+        health = {n: next(iter(nodes[n])) for p in mine if (n := node_name(p)) is not None and n in nodes}
+        return Children(mine, objects, list(workloads.get(key, [])), mislabelled, health)
 
     loops: Loops = memo.loops
     # The first pass works from kopf's body of the job (as fresh as a read: it came with the watch that started

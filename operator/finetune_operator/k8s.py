@@ -260,8 +260,11 @@ class Kube:
             elif e.status != 404:
                 raise
 
-    def delete_pod(self, ns: str, name: str, uid: str) -> None:
-        self._delete("Pod", ns, name, uid, gracePeriodSeconds=30)
+    def delete_pod(self, ns: str, name: str, uid: str, grace: int | None = None) -> None:
+        """`grace`: the deletion's gracePeriodSeconds (0: a force delete, for a pod on a lost node); None: the pod's
+        own terminationGracePeriodSeconds (runPolicy.terminationGracePeriodSeconds), in which its ranks save."""
+        options = {} if grace is None else {"gracePeriodSeconds": grace}
+        self._delete("Pod", ns, name, uid, **options)
 
     def relabel(self, ns: str, change: Relabel) -> None:
         """Puts a child's identity labels back (JSON patch): only if it is still the object of that uid (a

@@ -25,6 +25,7 @@ from . import constants as c
 from .builders import Layout, Names, Placement, SshKeys, desired, owner_reference, resolve
 from .builders.env import output_location
 from .conditions import FOREIGN_FIX, TERMINAL, iso, parse_time, set_condition
+from .disruptions import DRAINED, HUNG, NODE_LOST, NodeDown, drained, hang_left, node_down, node_name, note_progress
 from .kueue import finished_workload, pods_ready, queued
 
 _WAITING_ERRORS = (
@@ -45,6 +46,10 @@ class Plan:
     # so it can never remove another pod that took the name since. A pod this loop created and no watch event
     # has shown yet has no uid here and is deleted by the pass its watch event wakes.
     pod_uids: dict[str, str] = field(default_factory=dict)
+    # name -> gracePeriodSeconds for the pods in delete_pods that do not get their own terminationGracePeriodSeconds:
+    # 0 (a force delete) on a lost node, whose kubelet can never confirm the pod's end; FAILED_GROUP_GRACE_S for
+    # the rest of a group that failed, which can save nothing (its collectives lost a member).
+    grace: dict[str, int] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
     delete_job: bool = False
@@ -99,6 +104,9 @@ class Observed:
     # "Kind/name" -> (uid, labels) of the `objects` found under the job's key by their controller owner whose
     # job-name label names another job (or none): relabelled when they turn out to be the job's own.
     mislabelled: Mapping[str, tuple[str, Mapping[str, str]]] = field(default_factory=dict)
+    # Node name -> disruptions.slim_node, for the nodes the job's pods are bound to (from the node index). A node
+    # missing here is not judged.
+    nodes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
@@ -112,9 +120,9 @@ def controller_uid(obj: Mapping[str, Any]) -> str | None:
 def slim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
     """What reconcile reads of a child, and no more: the watch-fed pod index holds this instead of whole pod
     bodies (specs, managed fields, volumes), which were most of the operator's memory per job. Name, uid
-    (deletes and label repairs carry it as their precondition), labels, controller owner, deletion mark; the
-    pod's phase, reason, message, PodScheduled and Ready conditions and each container's name and state
-    (running / waiting / terminated with exit code, reason and message)."""
+    (deletes and label repairs carry it as their precondition), labels, controller owner, deletion mark, the node
+    it is bound to; the pod's phase, reason, message, PodScheduled, Ready and DisruptionTarget conditions and each
+    container's name and state (running / waiting / terminated with exit code, reason and message)."""
     meta = obj.get("metadata") or {}
     st = obj.get("status") or {}
     out: dict[str, Any] = {
@@ -132,11 +140,13 @@ def slim_child(obj: Mapping[str, Any]) -> dict[str, Any]:
     }
     if meta.get("deletionTimestamp"):
         out["metadata"]["deletionTimestamp"] = meta["deletionTimestamp"]
+    if (obj.get("spec") or {}).get("nodeName"):
+        out["spec"] = {"nodeName": obj["spec"]["nodeName"]}
     status = {k: st[k] for k in ("phase", "reason", "message") if st.get(k)}
     scheduled = [
         {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
         for c in st.get("conditions") or []
-        if c.get("type") in ("PodScheduled", "Ready")
+        if c.get("type") in ("PodScheduled", "Ready", "DisruptionTarget")
     ]
     if scheduled:
         status["conditions"] = scheduled
@@ -258,16 +268,31 @@ def _deleting(pod: dict[str, Any]) -> bool:
     return bool(pod["metadata"].get("deletionTimestamp"))
 
 
-DELETED_HINT = "the pod was deleted while the job ran (eviction, node drain or kubectl delete)"
+DELETED_HINT = "the pod was deleted while the job ran (an eviction or kubectl delete)"
+DRAINED_HINT = (
+    "the pod was evicted through the eviction API (a node drain: kubectl drain, a Spot interruption handler, "
+    "Karpenter); its ranks save a checkpoint of the current step before they exit"
+)
+# Seconds the rest of a failed group gets to end (a deletion's gracePeriodSeconds) instead of the pods' own
+# terminationGracePeriodSeconds, which is sized for a checkpoint: a group that lost a rank, its node or its
+# progress cannot save one (every rank takes part in a save), and waiting for its hung collectives would only
+# delay the restart.
+FAILED_GROUP_GRACE_S = 10
 
 
 def _failure(pod: dict[str, Any], attempt: int) -> dict[str, Any]:
-    """Which container failed, how, and its last log lines (FallbackToLogsOnError termination message)."""
+    """Which container failed, how, and its last log lines (FallbackToLogsOnError termination message); a pod
+    evicted by a drain is Drained however its container ended (the runtime exits non-zero after its save)."""
     st = pod.get("status") or {}
     labels = pod["metadata"].get("labels") or {}
     out: dict[str, Any] = {"attempt": attempt, "pod": pod["metadata"]["name"]}
     if labels.get(c.LABEL_RANK) is not None:
         out["rank"] = int(labels[c.LABEL_RANK])
+    if (node := node_name(pod)) is not None:
+        out["node"] = node
+    if drained(pod):
+        out.update(reason=DRAINED, logTail=DRAINED_HINT)
+        return out
     if _deleting(pod) and _phase(pod) != "Failed":
         out.update(reason="Deleted", logTail=DELETED_HINT)
         return out
@@ -290,6 +315,8 @@ def _failure(pod: dict[str, Any], attempt: int) -> dict[str, Any]:
 
 def _describe(f: dict[str, Any]) -> str:
     who = f"rank {f['rank']} (pod {f['pod']})" if "rank" in f else f"pod {f['pod']}"
+    if f.get("node") and f.get("reason") in (NODE_LOST, DRAINED):
+        who += f" on node {f['node']}"
     how = f"exit code {f['exitCode']}" if "exitCode" in f else ""
     reason = f.get("reason", "")
     if reason == "OOMKilled":
@@ -378,12 +405,35 @@ class Pass:
     def status(self) -> dict[str, Any]:
         return self.plan.status
 
-    def delete(self, pods: list[dict[str, Any]]) -> None:
+    def delete(self, pods: list[dict[str, Any]], grace: int | None = None) -> None:
+        """Delete these pods, with `grace` as their gracePeriodSeconds (None: their own)."""
         names = self.plan.delete_pods
         names += [p["metadata"]["name"] for p in pods if p["metadata"]["name"] not in names]
         self.plan.pod_uids.update(
             {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods if p["metadata"].get("uid")}
         )
+        if grace is not None:
+            for p in pods:
+                name = p["metadata"]["name"]
+                self.plan.grace[name] = min(grace, self.plan.grace.get(name, grace))
+
+    def requeue(self, seconds: float) -> None:
+        """Look again within `seconds` (the earliest of the phases' timers wins)."""
+        current = self.plan.requeue_after
+        self.plan.requeue_after = seconds if current is None else min(current, seconds)
+
+    def nodes_down(self, finished: bool = False) -> list[tuple[dict[str, Any], NodeDown]]:
+        """The job's own pods of any attempt (unfinished ones, or all with `finished`) whose node is not Ready,
+        with how long until it counts as lost (runPolicy.nodeLossSeconds)."""
+        limit = int(self.run_policy.get("nodeLossSeconds", 60))
+        out = []
+        for pod in self.pods:
+            if _phase(pod) in TERMINAL and not finished:
+                continue
+            down = node_down(pod, self.observed.nodes, limit, self.now)
+            if down is not None:
+                out.append((pod, down))
+        return out
 
     def transition(self, phase: str, reason: str, message: str) -> None:
         _transition(self.plan, self.old_phase, phase, reason, message)
@@ -460,6 +510,7 @@ def suspended(p: Pass) -> Plan | None:
         return None
     p.delete(p.live)
     msg = "suspended: pods deleted; set spec.runPolicy.suspend: false to resume from the newest checkpoint"
+    st.pop("lastProgressTime", None)  # the resumed attempt's silence counts from its own first progress
     p.transition("Suspended", "Suspended", msg)
     set_condition(st, "Suspended", True, "Suspended", msg, now)
     set_condition(st, "Running", False, "Suspended", msg, now)
@@ -478,15 +529,66 @@ def deadline(p: Pass) -> Plan | None:
     if left <= 0:
         msg = f"job ran longer than spec.runPolicy.activeDeadlineSeconds={limit}"
         return p.finish("Failed", "DeadlineExceeded", msg)
-    p.plan.requeue_after = left
+    p.requeue(left)
     return None
 
 
-def _cause_first(f: dict[str, Any]) -> tuple[bool, bool, int]:
-    """Of the failures seen in one pass, the likeliest cause first: an OOM kill (the others follow from it: a
-    rank's peers fail in collectives, mpirun exits 1 when its ssh to a killed worker drops), then a rank before
-    the MPI launcher, then the lowest rank."""
-    return (f.get("reason") != "OOMKilled", "rank" not in f, int(f.get("rank", 0)))
+# The likeliest cause first among the failures one pass sees: a drain or a lost node explains the rest (the other
+# ranks exit after the drain's save, or fail in collectives that lost a member), then an OOM kill (a rank's peers
+# fail in collectives, mpirun exits 1 when its ssh to a killed worker drops), then a deletion (the rank's peers
+# exit after the save its SIGTERM started); then a rank before the MPI launcher, then the lowest rank.
+_CAUSES = (DRAINED, NODE_LOST, "OOMKilled", "Deleted")
+
+
+def _cause_first(f: dict[str, Any]) -> tuple[int, bool, int]:
+    reason = f.get("reason")
+    order = _CAUSES.index(reason) if reason in _CAUSES else len(_CAUSES)
+    return (order, "rank" not in f, int(f.get("rank", 0)))
+
+
+# status.reason and the Event of a group restart, by the failure's reason (any other: RankFailed).
+_RESTART_REASONS = {DRAINED: "Drained", NODE_LOST: "NodeLost", HUNG: "Hung"}
+
+
+def _node_lost(pod: dict[str, Any], down: NodeDown, attempt: int, loss_seconds: int) -> dict[str, Any]:
+    """A failure of a pod whose node is not Ready: its kubelet reports nothing more, so the node's state is all
+    there is to say."""
+    out: dict[str, Any] = {"attempt": attempt, "pod": pod["metadata"]["name"]}
+    labels = pod["metadata"].get("labels") or {}
+    if labels.get(c.LABEL_RANK) is not None:
+        out["rank"] = int(labels[c.LABEL_RANK])
+    how = f"lost: not Ready for runPolicy.nodeLossSeconds={loss_seconds}" if down.lost else "not Ready"
+    out.update(reason=NODE_LOST, node=down.node, logTail=f"{down.describe()}; {how}")
+    return out
+
+
+def _hang(p: Pass) -> dict[str, Any] | None:
+    """Rank 0's silence past runPolicy.progressDeadlineSeconds while the job is Running, as a failure of the pod
+    that prints its progress; before the deadline, a timer for it."""
+    if p.old_phase != "Running" or any(_phase(pod) == "Succeeded" for pod in p.current):
+        return None
+    deadline = p.run_policy.get("progressDeadlineSeconds")
+    left = hang_left(p.status, deadline, p.now)
+    if left is None:
+        return None
+    if left > 0:
+        p.requeue(left)
+        return None
+    mpi = p.layout.launcher == "mpi"
+    prog = p.status.get("progress") or {}
+    step = prog.get("step")
+    out: dict[str, Any] = {"attempt": p.attempt, "pod": p.names.launcher if mpi else p.names.rank_pod(0)}
+    if not mpi:
+        out["rank"] = 0
+    last = f"step {step}" if step is not None else "its last progress line"
+    out.update(
+        reason=HUNG,
+        logTail=(
+            f"rank 0 reported no new progress for runPolicy.progressDeadlineSeconds={deadline} (last: {last}, "
+            f"seen at {p.status.get('lastProgressTime')}) while every pod ran"
+        ),
+    )
+    return out
 
 
 def group_failure(p: Pass) -> Plan | None:
@@ -495,31 +597,119 @@ def group_failure(p: Pass) -> Plan | None:
 
     So does one of its unfinished pods being deleted: the operator deletes current-attempt pods only as it ends,
     suspends or restarts the job, so this is an eviction, a node drain or someone's kubectl delete, and the
-    other ranks would otherwise hang in collectives until a timeout."""
+    other ranks would otherwise hang in collectives until a timeout. A drain (eviction API) restarts the group
+    without counting against backoffLimit (runPolicy.drainRestartLimit bounds it).
+
+    So does a pod's node staying not Ready for runPolicy.nodeLossSeconds (NodeLost; its pods there are
+    force-deleted by `lost_nodes`), and rank 0 reporting no progress for runPolicy.progressDeadlineSeconds
+    (Hung)."""
     st, now, attempt = p.status, p.now, p.attempt
+    # Failed pods of this attempt, its unfinished pods being deleted, and its drained pods being deleted however
+    # they ended (a drained rank exits non-zero after its save). A pod the operator itself deleted (suspend) and
+    # that failed as it ended is not a failure.
+    mine = [pod for pod in p.pods if _attempt(pod) == attempt]
     failed = [pod for pod in p.current if _phase(pod) == "Failed"]
-    failed += [pod for pod in p.pods if _deleting(pod) and _attempt(pod) == attempt and _phase(pod) not in TERMINAL]
-    if not failed:
+    failed += [pod for pod in mine if _deleting(pod) and (_phase(pod) not in TERMINAL or drained(pod))]
+    causes = [_failure(pod, attempt) for pod in failed]
+    loss = int(p.run_policy.get("nodeLossSeconds", 60))
+    down = [(pod, d) for pod, d in p.nodes_down() if _attempt(pod) == attempt]
+    # A lost node fails its pods; while it is only not Ready, it is still the likeliest cause of what else failed.
+    causes += [_node_lost(pod, d, attempt, loss) for pod, d in down if d.lost or causes]
+    if not causes and (hung := _hang(p)) is not None:
+        causes.append(hung)
+    if not causes:
         return None
-    f = min((_failure(pod, attempt) for pod in failed), key=_cause_first)
+    f = min(causes, key=_cause_first)
+    if isinstance((st.get("progress") or {}).get("step"), int):
+        f["step"] = st["progress"]["step"]
+    f["time"] = iso(now)
     st["failures"] = ([*st.get("failures", []), f])[-10:]
-    limit = int(p.run_policy.get("backoffLimit", 3))
     text = _describe(f)
-    if attempt < limit:
-        st["restartCount"] = attempt + 1
-        p.delete(p.live)
+    drains = int(st.get("drainRestarts") or 0)
+    if f["reason"] == DRAINED:
+        limit = int(p.run_policy.get("drainRestartLimit", 10))
+        if drains < limit:
+            st["drainRestarts"] = drains + 1
+            # The group keeps its own grace period: every rank saves the step the drain interrupted (the runtime
+            # spreads one rank's SIGTERM to all at the next step end) and the new attempt resumes from it.
+            msg = (
+                f"{text}\nrestarting all ranks from the step the drain interrupted (drain restart {drains + 1} of "
+                f"at most {limit}, not counted against backoffLimit)"
+            )
+            return _restart(p, f, msg, grace=None)
+        return p.finish("Failed", "DrainRestartLimitExceeded", f"{text}\ndrainRestartLimit {limit} reached")
+    limit = int(p.run_policy.get("backoffLimit", 3))
+    counted = attempt - drains
+    if counted < limit:
         msg = (
-            f"{text}\nrestarting all ranks (restart {attempt + 1} of at most {limit}), "
+            f"{text}\nrestarting all ranks (restart {counted + 1} of at most {limit}), "
             "resuming from the newest checkpoint"
         )
-        p.transition("Restarting", "RankFailed", msg)
-        set_condition(st, "Restarting", True, "RankFailed", msg, now)
-        set_condition(st, "Running", False, "RankFailed", msg, now)
-        st["ranks"] = {"ready": 0, "total": p.layout.nodes}
-        return p.plan
+        # A deleted rank's SIGTERM makes the whole group save its step (as a drain's does); any other failure
+        # left the group unable to save.
+        return _restart(p, f, msg, grace=None if f["reason"] == "Deleted" else FAILED_GROUP_GRACE_S)
     # The container's own terminated.reason (set by the kubelet), not text from its message.
     reason = "OOMKilled" if f.get("reason") == "OOMKilled" else "BackoffLimitExceeded"
     return p.finish("Failed", reason, f"{text}\nbackoffLimit {limit} reached")
+
+
+def _restart(p: Pass, f: dict[str, Any], msg: str, grace: int | None) -> Plan:
+    """A group restart: the next attempt (restartCount), every live pod deleted; its progress deadline starts
+    again from the new attempt's first progress line."""
+    st, now = p.status, p.now
+    st["restartCount"] = p.attempt + 1
+    st.pop("lastProgressTime", None)
+    p.delete(p.live, grace)
+    reason = _RESTART_REASONS.get(str(f.get("reason")), "RankFailed")
+    p.transition("Restarting", reason, msg)
+    set_condition(st, "Restarting", True, reason, msg, now)
+    set_condition(st, "Running", False, reason, msg, now)
+    st["ranks"] = {"ready": 0, "total": p.layout.nodes}
+    return p.plan
+
+
+def _note_lost(p: Pass, f: dict[str, Any]) -> None:
+    """Record, once, that an earlier attempt's pod was lost with its node. That attempt's restart had another
+    cause, seen first: a rank on a live node fails in a collective as soon as its peer's node dies, before the
+    node controller's grace period has marked that node not Ready. No restart: the group has restarted already."""
+    st = p.status
+    key = (f["attempt"], f["pod"], NODE_LOST)
+    if any((x.get("attempt"), x.get("pod"), x.get("reason")) == key for x in st.get("failures", [])):
+        return
+    f["time"] = iso(p.now)
+    st["failures"] = [*st.get("failures", []), f][-10:]
+    p.plan.events.append(("Warning", "NodeLost", _describe(f)))
+
+
+def lost_nodes(p: Pass) -> None:
+    """After the deciding phase: a pod on a lost node (not Ready for runPolicy.nodeLossSeconds) that is being
+    deleted, or that this pass deletes, is force-deleted (grace 0): its kubelet will never confirm its end, and
+    until the name is free the next attempt cannot create it. While a node of the current attempt's pods is not
+    Ready but not yet lost, the NodeLost condition says so and the loop looks again when it will be."""
+    st = p.status
+    deleting = set(p.plan.delete_pods)
+    attempt = int(st.get("restartCount") or 0)
+    loss = int(p.run_policy.get("nodeLossSeconds", 60))
+    for pod, down in p.nodes_down(finished=True):
+        if down.lost and (_deleting(pod) or pod["metadata"]["name"] in deleting):
+            p.delete([pod], grace=0)
+            if _attempt(pod) < attempt:
+                _note_lost(p, _node_lost(pod, down, _attempt(pod), loss))
+    waiting = [(pod, d) for pod, d in p.nodes_down() if _attempt(pod) == attempt and not d.lost]
+    if waiting and st.get("phase") not in TERMINAL:
+        nodes = {d.node: d for _, d in waiting}
+        at = min(d.left for d in nodes.values())
+        pods = ", ".join(sorted(pod["metadata"]["name"] for pod, _ in waiting))
+        msg = (
+            f"{'; '.join(d.describe() for d in nodes.values())}; its pods {pods} are replaced in {at:.0f} s "
+            f"(runPolicy.nodeLossSeconds) unless it is Ready again"
+        )
+        if not any(x.get("type") == "NodeLost" and x.get("status") == "True" for x in st.get("conditions", [])):
+            p.plan.events.append(("Warning", "NodeNotReady", msg))
+        set_condition(st, "NodeLost", True, "NodeNotReady", msg, p.now)
+        p.requeue(max(at, 0.5))
+    elif any(x.get("type") == "NodeLost" and x.get("status") == "True" for x in st.get("conditions", [])):
+        set_condition(st, "NodeLost", False, "NodesReady", "every node of the job's pods is Ready", p.now)
 
 
 def success(p: Pass) -> Plan | None:
@@ -622,9 +812,9 @@ def begin(job: dict[str, Any], observed: Observed, config: Mapping[str, Any] | N
     st["observedGeneration"] = job["metadata"].get("generation", 1)
     attempt = int(st.get("restartCount") or 0)
     st["restartCount"] = attempt
+    note_progress(st, observed.progress, observed.now)
     layout = resolve(job)
     if observed.progress:
-        st["progress"] = observed.progress
         measured = throughput.of(throughput.Context.of(job, layout), observed.progress)
         if measured is not None:
             st["throughput"] = measured
@@ -701,6 +891,7 @@ def reconcile(job: dict[str, Any], observed: Observed, config: Mapping[str, Any]
             break
     else:
         converge(p)
+    lost_nodes(p)
     pods_ready(p)
     return p.plan
 

@@ -90,6 +90,11 @@ def launch_plan(
     trial's graphs and compiles them into NEURON_COMPILE_CACHE_URL) torchrun runs under it."""
     cmd = torchrun_command(env, python)
     extra: dict[str, str] = {}
+    grace = env.get("FTJOB_TERMINATION_GRACE_SECONDS")
+    if grace and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in env:
+        # torchrun passes the kubelet's SIGTERM on to its workers and SIGKILLs them after this many seconds (30 by
+        # default): the pod's whole grace period, in which they save the current step (preemption.py).
+        extra["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = grace
     if precompile:
         extra["FTJOB_MODE"] = "precompile"  # the steps: FTJOB_PRECOMPILE_STEPS, else the config's (train.py)
         backend = backends.get(backends.backend_from_env(env))

@@ -30,6 +30,7 @@ from finetune_runtime.backends import (
 )
 from finetune_runtime.config import JobConfig, TaskConfig, load_config
 from finetune_runtime.distenv import DistInfo, apply_distributed_env
+from finetune_runtime.preemption import EXIT_INTERRUPTED, SignalFlag, save_on_signal_callback
 from finetune_runtime.progress import ProgressEmitter, clean_metrics, utc_now
 from finetune_runtime.tokenization import load_tokenizer
 
@@ -154,7 +155,8 @@ def run_worker() -> int:
     before the interpreter exits: left to interpreter shutdown, gloo's threads can abort the process
     ("terminate called without an active exception") and turn a finished run into a failed rank."""
     rc = _run_worker()
-    if rc == 0:
+    if rc in (0, EXIT_INTERRUPTED):
+        # Interrupted too: no rank exits while rank 0 still writes the checkpoint of the step it stopped at.
         _shutdown_process_group()
     return rc
 
@@ -204,10 +206,17 @@ def _run_worker() -> int:
         log.error("%s", problem)
         return 2
     trainer, callback = build_trainer(run, args, plugin, tokenizer, dsets, point, sync)
+    # A SIGTERM during training saves the current step on every rank and stops (preemption.py).
+    stop = None if run.precompile else save_on_signal_callback(SignalFlag())
+    if stop is not None:
+        trainer.add_callback(stop)
     probe = None  # a precompile trial counts the compile cache before its first step
     if run.precompile:
         probe = compilecache.CacheProbe(compilecache.cache_root(os.environ, run.plan.backend.compile_cache_var))
     train_metrics = train(run, trainer, point)
+    if stop is not None and stop.stopped_at is not None:
+        log.warning("stopped at step %d on a signal, its checkpoint saved: exiting", stop.stopped_at)
+        return EXIT_INTERRUPTED
     if probe is not None:
         finish_precompile(run, trainer, run_dir, probe)
     else:

@@ -201,6 +201,8 @@ def test_service_account_has_exactly_the_operator_permissions(kubectl: Kubectl, 
     assert can("list", "customresourcedefinitions.apiextensions.k8s.io")
     assert not can("create", "customresourcedefinitions.apiextensions.k8s.io")
     assert not can("get", "customresourcedefinitions.apiextensions.k8s.io")
+    # Nodes, in both modes: read only (node loss), never written.
+    assert can("watch", "nodes") and not can("patch", "nodes") and not can("delete", "nodes")
     namespaced = installed["mode"] == "namespaced"
     # kopf reads namespaces only when given --namespace flags (see templates/rbac.yaml).
     assert can("watch", "namespaces") is namespaced

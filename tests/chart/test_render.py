@@ -34,6 +34,8 @@ CRD_READ: dict[tuple[str, str], set[str]] = {
     ("kueue.x-k8s.io", "resourceflavors"): {"get"},
     # A queued job's spec.podTemplate.priorityClassName: the Workload's priority (k8s.Kube.get_priority_class).
     ("scheduling.k8s.io", "priorityclasses"): {"get"},
+    # Node loss: every Node's Ready condition (watched by handlers.node_health).
+    ("", "nodes"): {"list", "watch"},
 }
 # Leader election: the operator's Lease in its own namespace (leader.Elector: k8s.Kube.get_lease, create_lease,
 # update_lease), granted by a Role there in both modes.

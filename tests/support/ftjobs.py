@@ -353,6 +353,22 @@ BAD_SPECS: list[BadSpec] = [
         ),
     ),
     BadSpec(
+        "node-loss-after-eviction",
+        "spec.runPolicy.nodeLossSeconds",
+        _both(
+            _set("spec.runPolicy", {"nodeLossSeconds": 120}),
+            _set(
+                "spec.hardware.tolerations",
+                [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "tolerationSeconds": 90}],
+            ),
+        ),
+    ),
+    BadSpec(
+        "progress-deadline-below-reads",
+        "spec.runPolicy.progressDeadlineSeconds",
+        _set("spec.runPolicy", {"progressDeadlineSeconds": 30}),
+    ),
+    BadSpec(
         "slots-differ-from-procs",
         "spec.mpi.slotsPerNode",
         _both(

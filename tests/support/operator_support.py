@@ -7,6 +7,7 @@ node selector that no node matches, so on a real cluster (`make e2e-kind`) no ku
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import signal
@@ -20,6 +21,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -333,15 +335,43 @@ class NodeLogs:
         self.port = int(self.server.server_address[1])
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now}
         self.core.patch_node_status(
             node,
             {
                 "status": {
                     "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
                     "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
+                    "conditions": [ready | {"lastTransitionTime": now, "message": "stand-in"}],
                 }
             },
         )
+        # Ready, and kept so as a kubelet does: by renewing its node Lease, which the node lifecycle controller
+        # reads; otherwise it takes the node for lost after its grace period and the operator, which watches
+        # nodes, would replace the pods bound here (runPolicy.nodeLossSeconds).
+        self.coordination = client.CoordinationV1Api(api)
+        self._stop = threading.Event()
+        self._renew()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _renew(self) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        lease = {
+            "metadata": {"name": self.node, "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": self.node, "leaseDurationSeconds": 40, "renewTime": now},
+        }
+        try:
+            self.coordination.replace_namespaced_lease(self.node, "kube-node-lease", lease)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            self.coordination.create_namespaced_lease("kube-node-lease", lease)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(5.0):
+            with contextlib.suppress(Exception):  # the cluster is going away with the test; the next one retries
+                self._renew()
 
     def bind(self, namespace: str, pod: str) -> None:
         """Place a pod on this node, as the scheduler would (a binding ignores the pod's node selector)."""
@@ -353,6 +383,7 @@ class NodeLogs:
         self.core.create_namespaced_pod_binding(pod, namespace, body, _preload_content=False)
 
     def close(self) -> None:
+        self._stop.set()
         self.server.shutdown()
         self.server.server_close()
         try:

@@ -83,8 +83,8 @@ class FakeApi:
         self.created.append(obj)
         return True
 
-    def delete_pod(self, ns: str, name: str, uid: str) -> None:
-        self.calls.append(f"delete_pod {name} {uid}")
+    def delete_pod(self, ns: str, name: str, uid: str, grace: int | None = None) -> None:
+        self.calls.append(f"delete_pod {name} {uid}" + ("" if grace is None else f" grace {grace}"))
 
     def delete_job(self, ns: str, name: str, uid: str) -> None:
         self.calls.append(f"delete_job {uid}")
@@ -346,6 +346,39 @@ def test_a_finished_rank_0_is_read_at_once_so_the_final_progress_lands() -> None
     assert st["phase"] == "Succeeded" and st["progress"]["step"] == 10 and st["progress"]["event"] == "done", st
 
 
+def test_a_silent_rank_0_is_restarted_as_hung_within_its_deadline_and_a_read_interval() -> None:
+    """Each progress refresh that sees new lines moves status.lastProgressTime; once rank 0 falls silent, the
+    pass at the deadline reads the log once more (a verdict is never made on an older read) and restarts the
+    group as Hung, naming the last step."""
+    from datetime import timedelta
+
+    w = World(progressDeadlineSeconds=60)
+    start = datetime(2026, 12, 2, 10)
+    w.loop.now = lambda: start + timedelta(seconds=w.clock.t - 1000.0)
+    w.start_running()
+    w.api.log = PROGRESS_LINE % 1
+    w.loop.wake()
+    w.step()
+    assert w.api.job["status"]["lastProgressTime"] == "2026-12-02T10:00:00Z"
+    w.clock.advance(PROGRESS_EVERY_S)
+    w.api.log = PROGRESS_LINE % 2
+    w.step()  # a refresh: new progress, and its time
+    assert w.api.patches[-1].keys() == {"progress", "lastProgressTime"}
+    silent_since = w.clock.t
+    reads = w.api.calls.count("log_tail j-rank-0/trainer")
+    while True:
+        assert w.clock.t - silent_since <= 60 + PROGRESS_EVERY_S, "no Hung verdict within the deadline + a read"
+        pause = w.step()
+        if w.api.job["status"].get("phase") != "Running":
+            break
+        w.clock.advance(pause.seconds)
+    st = w.api.job["status"]
+    assert st["phase"] == "Restarting" and st["reason"] == "Hung" and st["restartCount"] == 1
+    assert st["failures"][-1]["reason"] == "Hung" and st["failures"][-1]["step"] == 2
+    assert w.api.calls.count("log_tail j-rank-0/trainer") > reads
+    assert "lastProgressTime" not in st
+
+
 def test_a_failing_log_read_is_not_retried_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     w = World()
     w.start_running()
@@ -588,7 +621,7 @@ def test_apply_saves_the_status_before_deleting_or_creating() -> None:
         def patch_status(self, *_: Any) -> None:
             order.append("status")
 
-        def delete_pod(self, ns: str, name: str, uid: str) -> None:
+        def delete_pod(self, ns: str, name: str, uid: str, grace: int | None = None) -> None:
             order.append("delete")
 
         def create(self, obj: dict[str, Any]) -> bool:

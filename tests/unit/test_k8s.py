@@ -70,11 +70,15 @@ def test_deletes_carry_the_uid_precondition_and_a_conflict_leaves_the_other_obje
 ) -> None:
     api, transport = kube
     api.delete_pod("ns", "j-rank-0", "uid-0")
+    api.delete_pod("ns", "j-rank-1", "uid-1", grace=0)
     api.delete_job("ns", "j", "uid-j")
     api.delete_workload("ns", "j", "uid-wl")
     bodies = {path: body for method, path, body, _ in transport.requests if method == "DELETE"}
     assert bodies["/api/v1/namespaces/ns/pods/j-rank-0"]["preconditions"] == {"uid": "uid-0"}
-    assert bodies["/api/v1/namespaces/ns/pods/j-rank-0"]["gracePeriodSeconds"] == 30
+    # The pod's own terminationGracePeriodSeconds (its ranks save a checkpoint in it), unless the plan says (a
+    # force delete on a lost node).
+    assert "gracePeriodSeconds" not in bodies["/api/v1/namespaces/ns/pods/j-rank-0"]
+    assert bodies["/api/v1/namespaces/ns/pods/j-rank-1"]["gracePeriodSeconds"] == 0
     assert bodies["/apis/finetune.dev/v1alpha1/namespaces/ns/finetunejobs/j"]["preconditions"] == {"uid": "uid-j"}
     assert bodies["/apis/kueue.x-k8s.io/v1beta2/namespaces/ns/workloads/j"]["preconditions"] == {"uid": "uid-wl"}
     # 409: the precondition failed (the name is another object's now); 404: already gone. Neither raises.

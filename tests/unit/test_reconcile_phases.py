@@ -184,7 +184,9 @@ def test_group_failure_restarts_every_rank_while_restarts_remain() -> None:
         "exitCode": 3,
         "reason": "Error",
         "logTail": "",
+        "time": "2026-12-02T10:00:00Z",
     }
+    assert plan.grace == {"j-rank-0": rec.FAILED_GROUP_GRACE_S, "j-rank-1": rec.FAILED_GROUP_GRACE_S}
 
 
 def test_oom_reason_comes_from_the_container_state_not_its_message() -> None:
@@ -271,3 +273,233 @@ def test_phases_run_in_order() -> None:
         "group_failure",
         "success",
     ]
+
+
+# -- node loss, drains and hangs (disruptions.py) ---------------------------------------------------------------
+def on(p: dict[str, Any], node: str) -> dict[str, Any]:
+    p["spec"] = {"nodeName": node}
+    return p
+
+
+def not_ready(since: datetime, status: str = "Unknown") -> dict[str, Any]:
+    return {
+        "ready": status,
+        "since": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "unschedulable": False,
+    }
+
+
+READY = {
+    "ready": "True",
+    "since": "2026-12-02T09:00:00Z",
+    "reason": "KubeletReady",
+    "message": "",
+    "unschedulable": False,
+}
+
+
+def two_nodes(phase: str = "Running", attempt: int = 0) -> list[dict[str, Any]]:
+    return [
+        on(pod("j-rank-0", phase, attempt, rank=0), "node-a"),
+        on(pod("j-rank-1", phase, attempt, rank=1), "node-b"),
+    ]
+
+
+def observe(pods: list[dict[str, Any]], nodes: dict[str, Any], now: datetime, progress: Any = None) -> Observed:
+    objects = own("Service/j", "ConfigMap/j-config")
+    return Observed(pods, objects, now, progress, lambda: KEYS, nodes=nodes)
+
+
+def test_a_node_not_ready_is_waited_for_then_its_pods_are_force_deleted_and_the_group_restarts_as_node_lost() -> None:
+    j = job({"phase": "Running"}, backoffLimit=2, nodeLossSeconds=60)
+    nodes = {"node-a": READY, "node-b": not_ready(T0)}
+    waiting = rec.reconcile(j, observe(two_nodes(), nodes, T0 + timedelta(seconds=10)))
+    assert waiting.status["phase"] == "Running" and not waiting.delete_pods
+    cond = next(x for x in waiting.status["conditions"] if x["type"] == "NodeLost")
+    assert cond["status"] == "True" and "node node-b not Ready" in cond["message"] and "in 50 s" in cond["message"]
+    assert waiting.requeue_after == 50 and ("Warning", "NodeNotReady") in [e[:2] for e in waiting.events]
+
+    j["status"] = waiting.status
+    plan = rec.reconcile(j, observe(two_nodes(), nodes, T0 + timedelta(seconds=61)))
+    st = plan.status
+    assert st["phase"] == "Restarting" and st["reason"] == "NodeLost" and st["restartCount"] == 1
+    f = st["failures"][-1]
+    assert (f["reason"], f["node"], f["pod"], f["rank"]) == ("NodeLost", "node-b", "j-rank-1", 1)
+    assert "runPolicy.nodeLossSeconds=60" in f["logTail"] and "on node node-b" in st["message"]
+    # The lost node's pod can never end gracefully: force-deleted; the survivor cannot save (its group lost a rank).
+    assert plan.grace == {"j-rank-1": 0, "j-rank-0": rec.FAILED_GROUP_GRACE_S}
+    assert next(x for x in st["conditions"] if x["type"] == "NodeLost")["status"] == "False"
+
+
+def test_node_loss_counts_against_the_backoff_limit() -> None:
+    j = job({"phase": "Running"}, backoffLimit=0, nodeLossSeconds=60)
+    plan = rec.reconcile(j, observe(two_nodes(), {"node-b": not_ready(T0)}, T0 + timedelta(seconds=60)))
+    assert plan.status["phase"] == "Failed" and plan.status["reason"] == "BackoffLimitExceeded"
+    assert plan.status["failures"][-1]["reason"] == "NodeLost"
+    assert plan.grace["j-rank-1"] == 0  # a finished job's pod on a lost node goes at once too
+
+
+def test_a_rank_failing_while_its_peers_node_is_not_ready_is_blamed_on_the_node() -> None:
+    """Rank 0 fails in a collective as soon as rank 1's node dies; the node is the cause, named at once."""
+    pods = two_nodes()
+    pods[0]["status"] = {"phase": "Failed", **terminated(1, "Error", "Connection closed by peer")}
+    j = job({"phase": "Running"}, nodeLossSeconds=60)
+    plan = rec.group_failure(begin(j, observe(pods, {"node-b": not_ready(T0)}, T0 + timedelta(seconds=5))))
+    assert plan is not None and plan.status["reason"] == "NodeLost"
+    assert plan.status["failures"][-1]["node"] == "node-b"
+
+
+def test_a_ready_node_a_node_the_index_lacks_and_finished_pods_are_never_judged() -> None:
+    j = job({"phase": "Running"}, nodeLossSeconds=0)
+    assert rec.group_failure(begin(j, observe(two_nodes(), {"node-a": READY}, T0))) is None
+    done = two_nodes("Succeeded")
+    assert rec.group_failure(begin(j, observe(done, {"node-b": not_ready(T0)}, T0 + timedelta(seconds=9)))) is None
+
+
+def test_pods_stuck_terminating_on_a_lost_node_are_force_deleted() -> None:
+    """An earlier attempt's pod deleted gracefully while its node was lost never goes: forced once lost."""
+    j = job({"phase": "Restarting", "restartCount": 1}, nodeLossSeconds=30)
+    stale = on(pod("j-rank-1", "Running", 0, rank=1, deleting=True), "node-b")
+    stale["metadata"]["uid"] = "u-old"
+    before = rec.reconcile(j, observe([stale], {"node-b": not_ready(T0)}, T0 + timedelta(seconds=10)))
+    assert "j-rank-1" not in before.delete_pods  # not lost yet: it may still end by itself
+    after = rec.reconcile(j, observe([stale], {"node-b": not_ready(T0)}, T0 + timedelta(seconds=31)))
+    assert after.delete_pods == ["j-rank-1"] and after.grace == {"j-rank-1": 0}
+    assert after.pod_uids == {"j-rank-1": "u-old"}
+
+
+def test_a_lost_node_behind_an_earlier_restart_is_recorded_once_without_another_restart() -> None:
+    """Found on the real nodes: node B dies, rank 0 on node A fails at once in a collective (connection reset) and
+    the group restarts as RankFailed before node B is even seen not Ready. Once node B is lost, its pod of that
+    attempt is force-deleted and status.failures says NodeLost naming the node (the real cause), once, with no
+    restart of the new attempt."""
+    first = {"attempt": 0, "pod": "j-rank-0", "rank": 0, "exitCode": 1, "reason": "Error", "node": "node-a"}
+    j = job({"phase": "Restarting", "restartCount": 1, "failures": [first]}, nodeLossSeconds=30)
+    stale = on(pod("j-rank-1", "Running", 0, rank=1, deleting=True), "node-b")
+    stale["metadata"]["uid"] = "u-old"
+    waiting = rec.reconcile(j, observe([stale], {"node-b": not_ready(T0)}, T0 + timedelta(seconds=10)))
+    assert waiting.status["failures"] == [first]
+    plan = rec.reconcile(j, observe([stale], {"node-b": not_ready(T0)}, T0 + timedelta(seconds=31)))
+    st = plan.status
+    assert st["restartCount"] == 1 and plan.grace == {"j-rank-1": 0}
+    lost = st["failures"][-1]
+    assert (lost["reason"], lost["node"], lost["pod"], lost["attempt"]) == ("NodeLost", "node-b", "j-rank-1", 0)
+    assert ("Warning", "NodeLost") in [e[:2] for e in plan.events]
+    j["status"] = st
+    again = rec.reconcile(j, observe([stale], {"node-b": not_ready(T0)}, T0 + timedelta(seconds=33)))
+    assert again.status["failures"] == st["failures"]  # recorded once
+
+
+def evicted(p: dict[str, Any], **status: Any) -> dict[str, Any]:
+    """A pod the eviction API took: its DisruptionTarget condition, then its deletion."""
+    p["metadata"]["deletionTimestamp"] = "2026-12-02T10:00:00Z"
+    target = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "message": "evicting"}
+    p["status"] = {**p["status"], **status, "conditions": [target]}
+    return p
+
+
+def test_a_drained_rank_restarts_the_group_with_its_grace_period_and_without_counting_it() -> None:
+    pods = two_nodes()
+    evicted(pods[1])
+    j = job({"phase": "Running", "progress": {"step": 37}}, backoffLimit=0, drainRestartLimit=2)
+    plan = rec.group_failure(begin(j, observe(pods, {}, T0)))
+    assert plan is not None
+    st = plan.status
+    assert st["phase"] == "Restarting" and st["reason"] == "Drained"
+    assert st["restartCount"] == 1 and st["drainRestarts"] == 1  # backoffLimit 0, and still restarted
+    f = st["failures"][-1]
+    assert (f["reason"], f["node"], f["step"]) == ("Drained", "node-b", 37)
+    assert "drain restart 1 of at most 2" in st["message"]
+    assert plan.delete_pods == ["j-rank-0"] and plan.grace == {}  # the survivor saves with the whole group
+
+
+def test_a_drained_ranks_save_and_exit_is_still_a_drain_and_the_drain_limit_ends_the_job() -> None:
+    """After the save every rank exits 143: the evicted one is the cause, whatever the others' exits say."""
+    pods = two_nodes("Failed", attempt=2)
+    pods[0]["status"].update(terminated(143, "Error"))
+    evicted(pods[1], **terminated(143, "Error"))
+    j = job({"phase": "Running", "restartCount": 2, "drainRestarts": 2}, backoffLimit=5, drainRestartLimit=2)
+    plan = rec.group_failure(begin(j, observe(pods, {}, T0)))
+    assert plan is not None and plan.status["phase"] == "Failed"
+    assert plan.status["reason"] == "DrainRestartLimitExceeded" and plan.status["failures"][-1]["reason"] == "Drained"
+
+
+def test_drains_leave_the_backoff_limit_to_failures() -> None:
+    """restartCount counts every attempt; backoffLimit only the restarts that were not drains."""
+    pods = two_nodes(attempt=3)
+    pods[1]["status"] = {"phase": "Failed", **terminated(1, "Error")}
+    j = job({"phase": "Running", "restartCount": 3, "drainRestarts": 3}, backoffLimit=1)
+    plan = rec.group_failure(begin(j, observe(pods, {}, T0)))
+    assert plan is not None and plan.status["phase"] == "Restarting" and plan.status["restartCount"] == 4
+    assert "restart 1 of at most 1" in plan.status["message"]
+
+
+def test_silence_past_the_progress_deadline_restarts_the_group_as_hung_naming_the_last_step() -> None:
+    st = {"phase": "Running", "progress": {"step": 12, "totalSteps": 90}, "lastProgressTime": "2026-12-02T10:00:00Z"}
+    j = job(st, backoffLimit=1, progressDeadlineSeconds=60)
+    early = begin(j, observe(two_nodes(), {}, T0 + timedelta(seconds=45)))
+    assert rec.group_failure(early) is None and early.plan.requeue_after == 15
+    plan = rec.group_failure(begin(j, observe(two_nodes(), {}, T0 + timedelta(seconds=60))))
+    assert plan is not None and plan.status["reason"] == "Hung" and plan.status["restartCount"] == 1
+    f = plan.status["failures"][-1]
+    assert (f["reason"], f["pod"], f["rank"], f["step"]) == ("Hung", "j-rank-0", 0, 12)
+    assert "progressDeadlineSeconds=60" in f["logTail"] and "step 12" in f["logTail"]
+    assert "lastProgressTime" not in plan.status  # the next attempt's deadline starts at its own first line
+    assert plan.grace == {"j-rank-0": rec.FAILED_GROUP_GRACE_S, "j-rank-1": rec.FAILED_GROUP_GRACE_S}
+
+
+def test_no_hang_before_the_attempts_first_progress_line_or_outside_running() -> None:
+    """Data preparation and compilation print nothing; the precompile trial is not training."""
+    first = job({"phase": "Running", "progress": {"step": 12}}, progressDeadlineSeconds=60)
+    assert rec.group_failure(begin(first, observe(two_nodes(), {}, T0 + timedelta(days=1)))) is None
+    st = {"phase": "Precompiling", "lastProgressTime": "2026-12-02T10:00:00Z"}
+    compiling = job(st, progressDeadlineSeconds=60)
+    assert rec.group_failure(begin(compiling, observe(two_nodes(), {}, T0 + timedelta(hours=3)))) is None
+    unset = job({"phase": "Running", "lastProgressTime": "2026-12-02T10:00:00Z"})
+    assert rec.group_failure(begin(unset, observe(two_nodes(), {}, T0 + timedelta(days=9)))) is None
+
+
+def test_new_progress_moves_the_progress_clock_and_a_precompile_line_does_not() -> None:
+    j = job({"phase": "Running", "progress": {"event": "train", "step": 4}})
+    same = begin(j, observe(two_nodes(), {}, T0, progress={"event": "train", "step": 4}))
+    assert "lastProgressTime" not in same.status
+    moved = begin(j, observe(two_nodes(), {}, T0, progress={"event": "train", "step": 6}))
+    assert moved.status["lastProgressTime"] == "2026-12-02T10:00:00Z" and moved.status["progress"]["step"] == 6
+    trial = begin(j, observe(two_nodes(), {}, T0, progress={"event": "precompile", "step": 2}))
+    assert "lastProgressTime" not in trial.status
+
+
+def test_slim_pods_keep_their_node_and_disruption_and_slim_nodes_their_ready_condition() -> None:
+    from finetune_operator.disruptions import slim_node
+
+    full = evicted(on(pod("j-rank-1", "Running", rank=1), "node-b"))
+    full["status"]["conditions"].append({"type": "Initialized", "status": "True"})
+    slim = rec.slim_child(full)
+    assert slim["spec"] == {"nodeName": "node-b"}
+    assert [x["type"] for x in slim["status"]["conditions"]] == ["DisruptionTarget"]
+    node = {
+        "metadata": {"name": "node-b"},
+        "spec": {"unschedulable": True, "taints": [{"key": "node.kubernetes.io/unreachable"}]},
+        "status": {
+            "conditions": [
+                {"type": "MemoryPressure", "status": "Unknown"},
+                {
+                    "type": "Ready",
+                    "status": "Unknown",
+                    "lastTransitionTime": "2026-12-02T10:00:00Z",
+                    "reason": "NodeStatusUnknown",
+                    "message": "Kubelet stopped posting node status.",
+                },
+            ],
+            "images": [{"names": ["x"], "sizeBytes": 1}],
+        },
+    }
+    assert slim_node(node) == {
+        "ready": "Unknown",
+        "since": "2026-12-02T10:00:00Z",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "unschedulable": True,
+    }

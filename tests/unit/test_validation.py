@@ -70,7 +70,14 @@ def test_defaults_applied_like_the_api_server() -> None:
     spec = job["spec"]
     assert spec["hardware"]["nodes"] == 1
     assert spec["task"]["maxLength"] == 128
-    assert spec["runPolicy"] == {"backoffLimit": 3, "cleanPodPolicy": "Running", "suspend": False}
+    assert spec["runPolicy"] == {
+        "backoffLimit": 3,
+        "cleanPodPolicy": "Running",
+        "suspend": False,
+        "nodeLossSeconds": 60,
+        "terminationGracePeriodSeconds": 120,
+        "drainRestartLimit": 10,
+    }
     assert spec["task"]["dataset"]["trainSplit"] == "train"
     assert "training" not in spec  # object defaults only apply when the parent object is given
     assert "launcher" not in spec  # derived from the profile, never defaulted into the stored object
@@ -342,6 +349,31 @@ def test_question_answering_stride_must_leave_room_for_the_question() -> None:
     with pytest.raises(InvalidSpec, match=r"spec.task.docStride"):
         validate(make_job().qa().set("spec.task.docStride", 128).set("spec.task.maxLength", 256).build())
     validate(make_job().qa().set("spec.task.docStride", 128).set("spec.task.maxLength", 384).build())
+
+
+def test_node_loss_must_end_before_a_toleration_of_the_lost_node_taints() -> None:
+    """A toleration of the unreachable/not-ready taints that ends first evicts the pods before the operator replaces
+    them; any other toleration, or one without seconds (tolerated for ever), is no obstacle."""
+
+    def job(seconds: int | None, key: str = "node.kubernetes.io/unreachable") -> dict[str, object]:
+        tol = {"key": key, "operator": "Exists", "effect": "NoExecute"}
+        if seconds is not None:
+            tol["tolerationSeconds"] = seconds
+        return (
+            make_job()
+            .classification()
+            .set("spec.runPolicy.nodeLossSeconds", 60)
+            .set("spec.hardware.tolerations", [tol])
+            .build()
+        )
+
+    validate(job(61))
+    validate(job(None))
+    validate(job(10, key="example.com/other"))
+    for seconds, key in ((60, "node.kubernetes.io/unreachable"), (0, "node.kubernetes.io/not-ready")):
+        with pytest.raises(InvalidSpec) as exc:
+            validate(job(seconds, key))
+        assert [e.field for e in exc.value.errors] == ["spec.runPolicy.nodeLossSeconds"]
 
 
 @pytest.mark.parametrize("source", ["name", "path"])

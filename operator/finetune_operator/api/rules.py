@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..constants import LABEL_KUEUE_QUEUE
+from ..constants import LABEL_KUEUE_QUEUE, NODE_LOSS_TAINTS
 from .formats import re2_search
 from .schema import CACHE_FOLDER, DATA_FILE_COMPRESSIONS, DATA_FILE_SUFFIXES
 
@@ -59,6 +59,7 @@ def _has(o: Obj | None, *keys: str) -> bool:
 
 
 _JOB_NAME = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_NODE_LOSS_TAINTS_CEL = "[" + ", ".join(f"'{t}'" for t in NODE_LOSS_TAINTS) + "]"
 
 
 def _resume_from_same_kind(o: Obj) -> bool:
@@ -356,6 +357,28 @@ def static_rules(default_mpi_profiles: tuple[str, ...]) -> list[Rule]:
             "spec.task.lora trains adapters of a decoder language model: set spec.task.type to causal-lm, or "
             "remove lora",
             lambda t: not _has(t, "lora") or t.get("type") == "causal-lm",
+        ),
+        Rule(
+            "node-loss-before-eviction",
+            "spec",
+            "!has(self.hardware.tolerations) || !has(self.runPolicy) || !has(self.runPolicy.nodeLossSeconds) || "
+            f"self.hardware.tolerations.all(t, !has(t.key) || !(t.key in {_NODE_LOSS_TAINTS_CEL}) || "
+            "!has(t.tolerationSeconds) || t.tolerationSeconds > self.runPolicy.nodeLossSeconds)",
+            ".runPolicy.nodeLossSeconds",
+            "spec.runPolicy.nodeLossSeconds must end before the tolerationSeconds that spec.hardware.tolerations "
+            f"give the taints of a lost node ({', '.join(NODE_LOSS_TAINTS)}): Kubernetes evicts the pods when the "
+            "toleration ends, and they then wait on the lost node for ever instead of being replaced; lower "
+            "nodeLossSeconds or raise the toleration's tolerationSeconds",
+            lambda s: (
+                not _has(s, "hardware", "tolerations")
+                or not _has(s, "runPolicy", "nodeLossSeconds")
+                or all(
+                    t.get("key") not in NODE_LOSS_TAINTS
+                    or t.get("tolerationSeconds") is None
+                    or int(t["tolerationSeconds"]) > int(s["runPolicy"]["nodeLossSeconds"])
+                    for t in s["hardware"]["tolerations"]
+                )
+            ),
         ),
         Rule(
             "hardware-immutable",

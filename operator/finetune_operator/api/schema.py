@@ -483,12 +483,52 @@ RUN_POLICY = _o(
     "Restarts, deadlines and clean-up.",
     {
         "backoffLimit": _i(
-            "Group restarts after a rank fails before the job is Failed. A rank fails when its pod fails or when "
-            "its running pod is deleted by someone else (eviction, node drain, kubectl delete). Every restart "
-            "resumes from the newest checkpoint.",
+            "Group restarts after a failure before the job is Failed. A failure: a rank's pod fails, its running "
+            "pod is deleted by someone else (kubectl delete, an eviction that is not a drain), its node is lost "
+            "(nodeLossSeconds) or rank 0 reports no progress (progressDeadlineSeconds). A node drain's restart "
+            "does not count (drainRestartLimit). Every restart resumes from the newest checkpoint.",
             minimum=0,
             maximum=1000,
             default=3,
+        ),
+        "nodeLossSeconds": _i(
+            "How long a node that runs one of the job's pods may stay not Ready (its Ready condition Unknown or "
+            "False, as the node lifecycle controller declares it after the cluster's node-monitor grace period) "
+            "before the group restarts without it: its pods there are force-deleted (they can never terminate "
+            "gracefully), the failure is NodeLost naming the node, and it counts against backoffLimit. Far below "
+            "the 300 s after which Kubernetes itself evicts pods from an unreachable node; above 300, give the "
+            "pods tolerations for node.kubernetes.io/unreachable and not-ready that outlast it.",
+            minimum=0,
+            maximum=3600,
+            default=60,
+        ),
+        "terminationGracePeriodSeconds": _i(
+            "The pods' termination grace period: on a drain, an eviction or a deletion the runtime saves a "
+            "checkpoint of the current step within it and exits (docs/runtime.md); the kubelet kills what is "
+            "left when it ends. The default fits a small model's checkpoint and AWS's 2-minute Spot notice; "
+            "raise it for checkpoints that take longer to write.",
+            minimum=0,
+            maximum=3600,
+            default=120,
+        ),
+        "drainRestartLimit": _i(
+            "Group restarts because a rank pod was evicted through the eviction API (a node drain: kubectl "
+            "drain, the AWS Node Termination Handler on a Spot interruption, Karpenter) before the job is "
+            "Failed (DrainRestartLimitExceeded). Such a restart resumes from the step the drain interrupted and "
+            "does not count against backoffLimit.",
+            minimum=0,
+            maximum=1000,
+            default=10,
+        ),
+        "progressDeadlineSeconds": _i(
+            "Restart the group (reason Hung, counted against backoffLimit) when rank 0 reports no new progress "
+            "line for this long while the job is Running, e.g. a collective that hangs while every process stays "
+            "alive. Counted from the attempt's first progress line: data preparation and compilation before it "
+            "(and the precompile stage) are never a hang. At least 60 (the operator reads rank 0's log every 30 "
+            "s); choose more than the longest silence of a healthy run (an evaluation, a checkpoint save). "
+            "Unset: no hang detection.",
+            minimum=60,
+            maximum=MAX_SECONDS,
         ),
         "activeDeadlineSeconds": _i(
             "Fail the job when it runs longer than this (at most 2147483647, 68 years).", minimum=1, maximum=MAX_SECONDS
@@ -909,7 +949,8 @@ CONDITION = _o(
     {
         "type": _s(
             "Queued, Created, Precompiling, Running, Restarting, Suspended, Succeeded, Failed, ReconcileError, "
-            "ForeignChildren (objects carry the job's labels but are not controlled by it)."
+            "ForeignChildren (objects carry the job's labels but are not controlled by it), NodeLost (a node of "
+            "the job's pods is not Ready: the message says since when and when the group restarts)."
         ),
         "status": _s("True, False or Unknown.", enum=["True", "False", "Unknown"]),
         "reason": _s("One-word reason."),
@@ -926,7 +967,13 @@ STATUS = _o(
         "message": _s("Latest notable event or error, including reconcile errors."),
         "reason": _s("Machine-readable reason of the phase (e.g. RankFailed, DeadlineExceeded)."),
         "conditions": {"type": "array", "description": "Conditions.", "items": CONDITION, "maxItems": 16},
-        "restartCount": _i("Group restarts so far."),
+        "restartCount": _i("Group restarts so far (the attempt the pods belong to), drains' included."),
+        "drainRestarts": _i("Group restarts that a node drain caused (not counted against backoffLimit)."),
+        "lastProgressTime": _s(
+            "When the operator last saw rank 0 report new progress in this attempt (progressDeadlineSeconds "
+            "counts from here); absent until the attempt's first progress line.",
+            format="date-time",
+        ),
         "ranks": _o(
             "Rank pods.",
             {"ready": _i("Pods running or done."), "total": _i("Pods that hold ranks.")},
@@ -1021,7 +1068,7 @@ STATUS = _o(
         },
         "failures": {
             "type": "array",
-            "description": "Most recent rank failures (newest last).",
+            "description": "Most recent failures and drains that restarted the group or failed the job (newest last).",
             "maxItems": 10,
             "items": _o(
                 "A failed rank pod.",
@@ -1032,8 +1079,14 @@ STATUS = _o(
                     "exitCode": _i("Exit code of the failed container."),
                     "reason": _s(
                         "Container reason, e.g. Error or OOMKilled; Evicted for a pod the kubelet evicted; "
-                        "Deleted for a running pod deleted by someone else."
+                        "Deleted for a running pod deleted by someone else; Drained for a pod evicted through "
+                        "the eviction API (a node drain); NodeLost for a pod whose node stayed not Ready for "
+                        "runPolicy.nodeLossSeconds; Hung when rank 0 reported no progress for "
+                        "runPolicy.progressDeadlineSeconds."
                     ),
+                    "node": _s("The node the pod ran on (NodeLost, Drained)."),
+                    "step": _i("The newest training step rank 0 had reported when it happened."),
+                    "time": _s("When the operator recorded it.", format="date-time"),
                     "logTail": _s("Last log lines of the failed container."),
                 },
             ),

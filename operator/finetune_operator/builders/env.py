@@ -111,6 +111,10 @@ def derived_env(job: dict[str, Any], layout: Layout, names: Names) -> dict[str, 
             "HOME": c.HOME_DIR,
         }
     )
+    grace = (spec.get("runPolicy") or {}).get("terminationGracePeriodSeconds")
+    if grace is not None:
+        # The pods' grace period: torchrun gives its workers this long to save after a SIGTERM (launcher.py).
+        env["FTJOB_TERMINATION_GRACE_SECONDS"] = str(grace)
     location = output_location(job, names)
     if output.get("url") and location:
         env["FTJOB_OUTPUT_URL"] = location

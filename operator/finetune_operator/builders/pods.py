@@ -181,6 +181,10 @@ def _pod(
     }
     if not init_containers:
         del pod_spec["initContainers"]
+    grace = (spec.get("runPolicy") or {}).get("terminationGracePeriodSeconds")
+    if grace is not None:
+        # A drain's or deletion's SIGTERM makes the ranks save the current step (runtime preemption.py) in it.
+        pod_spec["terminationGracePeriodSeconds"] = grace
     if spec.get("serviceAccountName"):
         pod_spec["serviceAccountName"] = spec["serviceAccountName"]
     pod = {
