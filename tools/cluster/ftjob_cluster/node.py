@@ -606,14 +606,23 @@ def _containerd_config_digest(ref: str, node: NodeSpec) -> str | None:
     return None
 
 
-def _image_names_sharing(full: str, node: NodeSpec) -> list[str]:
-    """`full` and every other name of the same image in the node's store. containerd's CRI plugin records each
-    image it has seen under its ID too (`sha256:<config digest>`) and under its repo digest; removing the tag
-    alone left those, so the old build's layers were never collected (the store grew until the disk filled:
-    docs/cluster.md)."""
-    rows = [line.split() for line in ctr("images", "ls", node=node).stdout.decode().splitlines()[1:]]
-    target = next((cols[2] for cols in rows if cols and cols[0] == full), None)
-    return [full] + [cols[0] for cols in rows if cols and cols[0] != full and target and cols[2] == target]
+def repository_of(name: str) -> str:
+    """An image name without its tag or digest: docker.io/finetune-operator/cpu for
+    docker.io/finetune-operator/cpu:0.1.0 and for docker.io/finetune-operator/cpu@sha256:..."""
+    name = name.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+
+
+def stale_names(full: str, rows: Sequence[Sequence[str]]) -> list[str]:
+    """Every name, in a node store's `ctr images ls` rows (name, type, digest, ...), of an image of `full`'s
+    repository: any tag (an earlier version's, another worktree's build) and the other names containerd's CRI
+    plugin records for the same image (its ID `sha256:<config digest>`, its repo digest). Removing the tag alone
+    left those, and the other tags' builds stayed too: their layers were never collected and the store grew
+    until the disk filled (docs/cluster.md)."""
+    repository = repository_of(full)
+    targets = {cols[2] for cols in rows if len(cols) > 2 and repository_of(cols[0]) == repository}
+    return [cols[0] for cols in rows if len(cols) > 2 and cols[2] in targets]
 
 
 def _import_stream(stream: IO[bytes], nodes: Sequence[NodeSpec], what: str) -> None:
@@ -665,10 +674,12 @@ def sync_image(ref: str, nodes: Sequence[NodeSpec] = (NODE_A,)) -> list[str]:
         held = _containerd_config_digest(ref, node)
         if held == wanted:
             continue
-        if held is not None:
-            # The node's store lives in the cache across sessions: drop the previous build first so that its
-            # layers are garbage-collected (--sync) instead of piling up with every rebuild (several GB each).
-            ctr("images", "rm", "--sync", *_image_names_sharing(_full_ref(ref), node), check=False, node=node)
+        # The node's store lives in the cache across sessions: drop every earlier build of the repository first
+        # so that its layers are garbage-collected (--sync) before the new ones arrive, instead of piling up with
+        # every rebuild (several GB each: one import beside an old build filled the disk).
+        rows = [line.split() for line in ctr("images", "ls", node=node).stdout.decode().splitlines()[1:]]
+        if old := stale_names(_full_ref(ref), rows):
+            ctr("images", "rm", "--sync", *old, check=False, node=node)
         stale.append(node)
     if not stale:
         return []
