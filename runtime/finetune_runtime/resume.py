@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from finetune_runtime import checkpoints, location
 
@@ -103,3 +104,26 @@ def resume_from(env: Mapping[str, str], scratch: Path, downloader: bool) -> Resu
     if found is None:
         raise ResumeError(f"the checkpoint of output.resumeFrom ({source}) was not downloaded on this node")
     return ResumePoint(found, None, own=False)
+
+
+# What accelerate names a multi-process CPU device ("cpu:0"); torch restores only plain "cpu".
+_INDEXED_CPU = "cpu:"
+_indexed_cpu_accepted = False
+
+
+def accept_indexed_cpu_locations() -> None:
+    """Let torch.load restore a storage to an indexed CPU device ("cpu:0") as to "cpu". transformers 4.x's Trainer
+    reads the optimizer state of a multi-process resume with map_location=args.device, and a multi-process CPU
+    run's device carries an index there, which torch refuses ("don't know how to restore data location"): every
+    resume of a 2-rank gloo job failed under the transformers 4.57 pin. transformers 5 maps to plain "cpu" itself.
+    Registered once per process; every other location goes to torch's own deserializers."""
+    global _indexed_cpu_accepted
+    if _indexed_cpu_accepted:
+        return
+    import torch
+
+    def restore(storage: Any, where: str) -> Any:
+        return storage if where.startswith(_INDEXED_CPU) else None  # torch.load reads every storage to the CPU
+
+    torch.serialization.register_package(11, lambda storage: None, restore)
+    _indexed_cpu_accepted = True

@@ -426,6 +426,7 @@ def train(run: Run, trainer: Any, point: resume.ResumePoint | None) -> dict[str,
         trainer.state.max_steps = trainer.state.global_step
         return {}
     if point is not None:
+        resume.accept_indexed_cpu_locations()
         source = f" (downloaded from {point.url})" if point.url else ""
         log.info("resuming from %s%s%s", point.path, source, "" if point.own else " (output.resumeFrom)")
     return dict(trainer.train(resume_from_checkpoint=str(point.path) if point else None).metrics)
