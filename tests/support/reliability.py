@@ -160,7 +160,9 @@ def render_disruptions(records: Sequence[Disruption], written: datetime | None =
         "timestamps of rank 0's progress lines (`kubectl logs --timestamps`). Training again: the new attempt's "
         "first progress line past the step it resumed from. Steps lost: the newest step rank 0 had logged when the "
         "fault struck minus the step the new attempt resumed from. A row is written only for a test that passed, "
-        "from a session in which every test passed or was skipped.",
+        "from a session in which every test passed or was skipped. Not here: the operator's own failures and API "
+        "server restarts, which are the fault suite's (its section); on real nodes a deleted operator pod costs no "
+        "restart (tests/e2e/test_failures.py: the same pods run on, restartCount 0).",
         "",
         "| Failure mode | Injection | Detected after | Training again after | Steps lost | Goal | Held |",
         "|---|---|---|---|---|---|---|",
