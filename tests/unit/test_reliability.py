@@ -4,7 +4,9 @@ kubelet log timestamps and API times. No cluster."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import reliability
@@ -122,3 +124,20 @@ def test_progress_lines_with_the_kubelets_timestamps() -> None:
     assert reliability.first_step_after(lines, 10) == (datetime(2026, 12, 4, 22, 0, 4, tzinfo=UTC), 12)
     assert reliability.first_step_after(lines, 14) is None
     assert reliability.last_step([]) is None
+
+
+def test_the_committed_failure_table_lists_only_modes_the_e2e_tests_measure() -> None:
+    """docs/reliability.md's e2e section is `make test-e2e`'s output: a row for a mode no e2e test records any more
+    is out of date (and rewriting one section must not have broken the other's markers)."""
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "reliability.md").read_text()
+    assert reliability.section(doc, "faults") is not None, "docs/reliability.md lost its `faults` section markers"
+    table = reliability.section(doc, "e2e")
+    if table is None:
+        pytest.skip("docs/reliability.md has no e2e section yet (`make test-e2e` writes it)")
+    declared: set[str] = set()
+    for path in (root / "tests" / "e2e").glob("test_*.py"):
+        declared |= set(re.findall(r'disruption\(\s*"([^"]+)"', path.read_text()))
+    listed = set(_rows(table))
+    assert listed, "the e2e section has no row"
+    assert listed <= declared, f"rows for modes no e2e test records: {sorted(listed - declared)}; run make test-e2e"
