@@ -145,12 +145,12 @@ def _seconds(a: str, b: str) -> float:
     return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
 
 
-def _not_ready_since(kubectl: Kubectl, name: str) -> datetime:
+def _not_ready_since(kubectl: Kubectl, name: str) -> str:
     """When node `name`'s Ready condition last left True (its lastTransitionTime), read while it is not Ready."""
     conds = json.loads(kubectl("get", "node", name, "-o", "json").stdout)["status"]["conditions"]
     ready = next(x for x in conds if x["type"] == "Ready")
     assert ready["status"] != "True", ready
-    return reliability.utc(ready["lastTransitionTime"])
+    return str(ready["lastTransitionTime"])
 
 
 def _rank_0(kubectl: Kubectl, ns: str, job: str) -> str:
@@ -168,10 +168,10 @@ def _training_again_at(kubectl: Kubectl, ns: str, job: str, resumed: int) -> dat
     return first[0]
 
 
-def _node_loss_goal(row: reliability.Disruption, not_ready: datetime, lost: datetime, loss_s: int) -> None:
+def _node_loss_goal(row: reliability.Disruption, not_ready: str, lost: str, loss_s: int) -> None:
     """The goal: NodeLost recorded within nodeLossSeconds + 10 s, counted from when Kubernetes marked the node not
-    Ready (the node controller's grace period before that is Kubernetes', not the operator's)."""
-    after = reliability.seconds(not_ready, lost)
+    Ready (the node controller's grace period before that is Kubernetes', not the operator's). Both are API times."""
+    after = reliability.seconds(reliability.utc(not_ready), reliability.utc(lost))
     row.goal = f"NodeLost within nodeLossSeconds ({loss_s} s) + 10 s of the node's Ready condition leaving True"
     row.goal_held = after <= loss_s + 10
     row.goal_note = f"{after:.0f} s"
@@ -231,7 +231,7 @@ def test_node_lost_mid_training_restarts_the_group_on_the_node_left_from_the_new
             f = next(f for f in st["failures"] if f.get("reason") == "NodeLost")
             assert f["node"] == b and f["pod"].startswith(f"{name}-rank-"), f
             assert f"runPolicy.nodeLossSeconds={loss_s}" in f["logTail"], f
-            not_ready, lost = _not_ready_since(kubectl, b), reliability.utc(f["time"])
+            not_ready, lost = _not_ready_since(kubectl, b), f["time"]
             # The lost node's pods were force-deleted: the new attempt's pods take their names on node A.
             st = _wait_status(
                 kubectl,
@@ -252,9 +252,9 @@ def test_node_lost_mid_training_restarts_the_group_on_the_node_left_from_the_new
             metrics = json.loads((host / name / ns / name / "metrics.json").read_text())
             resumed = checkpoints.checkpoint_step(Path(metrics["resumedFrom"]))
             assert resumed is not None and resumed >= at_kill, (metrics["resumedFrom"], at_kill)
-            row.detected_s = reliability.seconds(killed_wall, lost)
-            down_s = reliability.seconds(killed_wall, not_ready)
-            row.detected_note = f"NodeLost in status.failures; node B not Ready after {down_s:.0f} s"
+            row.detected_s = reliability.api_seconds(killed_wall, lost)
+            down_s = reliability.api_seconds(killed_wall, not_ready)
+            row.detected_note = f"{reliability.failure_note(f)}; node B not Ready after {down_s:.0f} s"
             row.training_s = reliability.seconds(killed_wall, _training_again_at(kubectl, ns, name, resumed))
             row.training_note = "on node A"
             row.steps_lost = max(0, step_at_kill - resumed)
@@ -305,9 +305,9 @@ def test_rank_0_silent_past_the_progress_deadline_is_hung_but_not_before_its_fir
     # Counted from the last line the operator saw (its 30 s read interval, and a pass on a loaded machine).
     silent = _seconds(seen, f["time"])
     assert deadline_s <= silent <= deadline_s + 30 + SLACK_S, (seen, f["time"])
-    row.detected_s = reliability.seconds(hung_at, reliability.utc(f["time"]))
-    row.detected_note = f"Hung in status.failures, counted from the last progress line; {silent:.0f} s after the " + (
-        "operator last read progress"
+    row.detected_s = reliability.api_seconds(hung_at, f["time"])
+    row.detected_note = f"{reliability.failure_note(f)}, counted from the last progress line; {silent:.0f} s " + (
+        "after the operator last read progress"
     )
     row.training_note = "backoffLimit 0: the job ends Failed"
     row.steps_note = "a command job, no checkpoint"
@@ -399,8 +399,8 @@ def test_drain_saves_the_current_step_on_every_rank_and_the_group_resumes_from_i
     # Not the last periodic checkpoint (there is none): the step the drain interrupted, or a later one.
     assert resumed is not None and resumed >= at_drain, (metrics["resumedFrom"], at_drain)
     assert stopped is not None and stopped >= at_drain, (stopped, at_drain)
-    row.detected_s = reliability.seconds(drained_wall, reliability.utc(f["time"]))
-    row.detected_note = "Drained in status.failures"
+    row.detected_s = reliability.api_seconds(drained_wall, f["time"])
+    row.detected_note = reliability.failure_note(f)
     row.training_s = reliability.seconds(drained_wall, _training_again_at(kubectl, ns, name, resumed))
     row.training_note = f"node B uncordoned after {uncordoned_s:.0f} s"
     row.steps_lost = max(0, stopped - resumed)
@@ -476,12 +476,12 @@ def test_node_lost_when_the_job_needs_it_waits_unschedulable_and_succeeds_once_i
     # Detection: the restart's own entry (attempt 0), whatever its cause; the goal: the NodeLost entry.
     first = next(f for f in done["failures"] if f.get("attempt") == 0)
     lost = next(f for f in done["failures"] if f.get("reason") == "NodeLost" and f.get("node") == b)
-    row.detected_s = reliability.seconds(killed_wall, reliability.utc(first["time"]))
-    row.detected_note = f"{first['reason']} in status.failures; node B not Ready after " + (
-        f"{reliability.seconds(killed_wall, not_ready):.0f} s"
+    row.detected_s = reliability.api_seconds(killed_wall, first["time"])
+    row.detected_note = f"{reliability.failure_note(first)}; node B not Ready after " + (
+        f"{reliability.api_seconds(killed_wall, not_ready):.0f} s"
     )
     row.training_s = reliability.seconds(killed_wall, _training_again_at(kubectl, ns, name, resumed))
     row.training_note = f"node B restarted after {restarted_s:.0f} s"
     row.steps_lost = max(0, step_at_kill - resumed)
     row.steps_note = f"step {step_at_kill} logged, resumed from checkpoint {resumed}"
-    _node_loss_goal(row, not_ready, reliability.utc(lost["time"]), loss_s)
+    _node_loss_goal(row, not_ready, lost["time"], loss_s)

@@ -81,8 +81,8 @@ def test_rank_killed_after_checkpoint_restarts_group_and_resumes(
     assert metrics["resumedFrom"] and "checkpoint-" in metrics["resumedFrom"], metrics
     resumed = checkpoint_step(Path(metrics["resumedFrom"]))
     assert resumed is not None, metrics
-    row.detected_s = reliability.seconds(killed_wall, reliability.utc(failure["time"]))
-    row.detected_note = f"{failure['reason']} in status.failures"
+    row.detected_s = reliability.api_seconds(killed_wall, failure["time"])
+    row.detected_note = reliability.failure_note(failure)
     # The last attempt's rank 0 (the job's pods are kept after it Succeeded).
     again = reliability.first_step_after(reliability.progress_log(kubectl, ns, rank0, c.CONTAINER_TRAINER), resumed)
     assert again is not None, f"no progress line past step {resumed} in {rank0}'s log"
@@ -119,9 +119,8 @@ def test_oom_killed_rank_is_recorded_and_backoff_limit_honoured(
         if (s.get("state", {}).get("terminated") or {}).get("reason") == "OOMKilled"
     ]
     assert killed, pod["status"]
-    killed_at = reliability.utc(killed[0])
-    row.detected_s = reliability.seconds(killed_at, reliability.utc(last["time"]))
-    row.detected_note = "OOMKilled in status.failures, from the kubelet's finishedAt"
+    row.detected_s = reliability.api_seconds(reliability.utc(killed[0]), last["time"])
+    row.detected_note = f"{reliability.failure_note(last)}, from the kubelet's finishedAt"
     row.training_note = "never: the limit is too small to start; backoffLimit reached, Failed with reason OOMKilled"
     row.steps_note = "killed before its first step"
 

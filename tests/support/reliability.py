@@ -156,8 +156,10 @@ def render_disruptions(records: Sequence[Disruption], written: datetime | None =
         "docs/cluster.md), the operator installed by Helm, each fault injected as life does it (a container killed "
         "through containerd, a memory limit, a node's processes SIGKILLed, `kubectl drain`, a rank that blocks). "
         "Every time is measured from the fault by the test itself: the fault's wall-clock time, the "
-        "status.failures entry's `time` (the operator's pass that recorded it; whole seconds), the kubelet's "
-        "timestamps of rank 0's progress lines (`kubectl logs --timestamps`). Training again: the new attempt's "
+        "status.failures entry's `time` (the operator's pass that recorded it), node B's Ready `lastTransitionTime`, "
+        "the kubelet's timestamps of rank 0's progress lines (`kubectl logs --timestamps`); API times have whole "
+        "seconds, so a time to one of them is whole seconds too (the fault's time cut to its second). "
+        "Training again: the new attempt's "
         "first progress line past the step it resumed from. Steps lost: the newest step rank 0 had logged when the "
         "fault struck minus the step the new attempt resumed from. A row is written only for a test that passed, "
         "from a session in which every test passed or was skipped. Not here: the operator's own failures and API "
@@ -206,6 +208,20 @@ def now() -> datetime:
 
 def seconds(start: datetime, end: datetime) -> float:
     return (end - start).total_seconds()
+
+
+def api_seconds(start: datetime, api_time: str) -> float:
+    """Seconds from `start` to an API time (status.failures[].time, lastTransitionTime, finishedAt), which is
+    whole seconds, cut: `start` is cut to its second too, so that both sides have the same resolution (1 s) and
+    an API time in the same second as `start` reads 0, not less."""
+    return seconds(start.replace(microsecond=0), utc(api_time))
+
+
+def failure_note(f: dict[str, Any]) -> str:
+    """How a status.failures entry reads in the table: its reason, and the rank and exit code where it has them."""
+    who = f"rank {f['rank']} " if "rank" in f else ""
+    code = f", exit code {f['exitCode']}" if "exitCode" in f else ""
+    return f"{who}{f.get('reason')}{code} in status.failures"
 
 
 Line = tuple[datetime, dict[str, Any]]

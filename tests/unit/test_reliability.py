@@ -141,3 +141,22 @@ def test_the_committed_failure_table_lists_only_modes_the_e2e_tests_measure() ->
     listed = set(_rows(table))
     assert listed, "the e2e section has no row"
     assert listed <= declared, f"rows for modes no e2e test records: {sorted(listed - declared)}; run make test-e2e"
+
+
+def test_a_time_to_an_api_time_has_its_whole_second_resolution() -> None:
+    # The API cuts its times to the second: a failure recorded 0.4 s after a fault at .6 reads as the fault's
+    # own second, 0 s (never -1 s), and one at the next second as 1 s.
+    fault = datetime(2026, 12, 4, 22, 0, 10, 600_000, tzinfo=UTC)
+    assert reliability.api_seconds(fault, "2026-12-04T22:00:10Z") == 0
+    assert reliability.api_seconds(fault, "2026-12-04T22:00:11Z") == 1
+    assert reliability.api_seconds(fault, "2026-12-04T22:01:00Z") == 50
+
+
+def test_a_failure_entry_reads_with_its_rank_and_exit_code() -> None:
+    assert reliability.failure_note({"reason": "Error", "rank": 1, "exitCode": 137}) == (
+        "rank 1 Error, exit code 137 in status.failures"
+    )
+    assert (
+        reliability.failure_note({"reason": "Drained", "rank": 0, "node": "b"}) == "rank 0 Drained in status.failures"
+    )
+    assert reliability.failure_note({"reason": "Hung"}) == "Hung in status.failures"
