@@ -8,6 +8,11 @@ kubelets do.
 
 Fixtures: `node_cluster`, `kubectl`, `operator` (the Helm release), `job_namespace` (restricted Pod Security,
 with an `output` claim on a hostPath ReadWriteMany volume that holds the examples' models and data).
+
+The failure table: a test that injects a failure mode adds a row (`reliability.disruption`) with what it measured;
+at the end of a session in which every test passed (or was skipped) and at least one row's test passed, the rows
+of the tests that passed are written to the `e2e` section of $FTJOB_E2E_RELIABILITY_OUT (`make test-e2e` writes
+docs/reliability.md), the rest of that file left as it was; any other session writes nothing.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import reliability
 from cluster_support import Kubectl, make_kubectl
 
 from finetune_operator.api.schema import CACHE_FOLDER
@@ -206,3 +213,47 @@ def hostpath_claim(namespace: str, claim: str, host: Path) -> dict[str, object]:
             },
         ],
     }
+
+
+# -- the failure table (docs/reliability.md, section `e2e`) ------------------------------------------------------------
+SECTION = "e2e"
+# Why the table was not written, for the terminal summary.
+_NOT_WRITTEN = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    reliability.DISRUPTIONS.begin(item)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    reliability.DISRUPTIONS.observe(item, report)
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Write the failure table's rows to $FTJOB_E2E_RELIABILITY_OUT, only from a session that passed and measured
+    something: a failed one (or one that skipped every row's test, as on a machine without nodes) leaves the last
+    good table in place."""
+    out = os.environ.get("FTJOB_E2E_RELIABILITY_OUT")
+    records = reliability.DISRUPTIONS.records
+    if not out or not records:
+        return
+    if exitstatus != pytest.ExitCode.OK:
+        session.config.stash[_NOT_WRITTEN] = f"the session failed (exit status {int(exitstatus)})"
+    elif not any(r.passed for r in records):
+        session.config.stash[_NOT_WRITTEN] = "no test that measures a failure mode passed"
+    else:
+        reliability.write_section(Path(out), SECTION, reliability.render_disruptions(records))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    why = terminalreporter.config.stash.get(_NOT_WRITTEN, None)
+    if why is None:
+        return
+    terminalreporter.write_line(f"failure table not written to {os.environ['FTJOB_E2E_RELIABILITY_OUT']}: {why}")
+    for r in reliability.DISRUPTIONS.records:
+        terminalreporter.write_line(f"  {r.mode}: {r.result or 'no pytest report'} {r.reason}".rstrip())

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import reliability
 from cluster_support import Kubectl
 from conftest import NODE_MONITOR_GRACE_S, NodeCluster
 from kubernetes import client, config, watch
@@ -23,7 +24,7 @@ from kubernetes import client, config, watch
 from finetune_operator import constants as c
 from finetune_operator.progress import parse_line
 from finetune_runtime import checkpoints
-from ftjob_cluster import node
+from ftjob_cluster import bins, node
 from ftjob_cluster.localcluster import wait_for
 
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -144,6 +145,38 @@ def _seconds(a: str, b: str) -> float:
     return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
 
 
+def _not_ready_since(kubectl: Kubectl, name: str) -> str:
+    """When node `name`'s Ready condition last left True (its lastTransitionTime), read while it is not Ready."""
+    conds = json.loads(kubectl("get", "node", name, "-o", "json").stdout)["status"]["conditions"]
+    ready = next(x for x in conds if x["type"] == "Ready")
+    assert ready["status"] != "True", ready
+    return str(ready["lastTransitionTime"])
+
+
+def _rank_0(kubectl: Kubectl, ns: str, job: str) -> str:
+    """The name of the job's rank-0 pod now."""
+    pods = [p for p in _pods(kubectl, ns) if p["metadata"]["labels"].get(c.LABEL_JOB_NAME) == job]
+    return next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"].get(c.LABEL_RANK) == "0")
+
+
+def _training_again_at(kubectl: Kubectl, ns: str, job: str, resumed: int) -> datetime:
+    """The kubelet's timestamp of the current attempt's first progress line past step `resumed` (rank 0 prints
+    them; its pod is kept after the job ends)."""
+    lines = reliability.progress_log(kubectl, ns, _rank_0(kubectl, ns, job), c.CONTAINER_TRAINER)
+    first = reliability.first_step_after(lines, resumed)
+    assert first is not None, f"{job}: no progress line past step {resumed} in rank 0's log: {lines[-5:]}"
+    return first[0]
+
+
+def _node_loss_goal(row: reliability.Disruption, not_ready: str, lost: str, loss_s: int) -> None:
+    """The goal: NodeLost recorded within nodeLossSeconds + 10 s, counted from when Kubernetes marked the node not
+    Ready (the node controller's grace period before that is Kubernetes', not the operator's). Both are API times."""
+    after = reliability.seconds(reliability.utc(not_ready), reliability.utc(lost))
+    row.goal = f"NodeLost within nodeLossSeconds ({loss_s} s) + 10 s of the node's Ready condition leaving True"
+    row.goal_held = after <= loss_s + 10
+    row.goal_note = f"{after:.0f} s"
+
+
 def test_node_lost_mid_training_restarts_the_group_on_the_node_left_from_the_newest_checkpoint(
     kubectl: Kubectl, operator: str, node_cluster: NodeCluster, job_namespace: tuple[str, Path]
 ) -> None:
@@ -154,6 +187,11 @@ def test_node_lost_mid_training_restarts_the_group_on_the_node_left_from_the_new
     ns, host = job_namespace
     a, b = node_cluster.nodes[0], node.NODE_B.name
     name, loss_s = "ja-node-loss", 30
+    row = reliability.disruption(
+        "node lost (the job fits on the node left)",
+        f"node B dies after a checkpoint: its kubelet, kube-proxy, containerd and the ranks' containers SIGKILLed, "
+        f"no drain; runPolicy.nodeLossSeconds {loss_s}, node-monitor grace {NODE_MONITOR_GRACE_S} s",
+    )
     cluster = node_cluster.cluster
     _operator_on_node_a(kubectl, operator, node_cluster)
     ranks = RankWatch(node_cluster.kubeconfig, ns, name)
@@ -176,7 +214,7 @@ def test_node_lost_mid_training_restarts_the_group_on_the_node_left_from_the_new
                 wait_for(lambda: _newest_step(ckpts), timeout=JOB_TIMEOUT, interval=1.0, message="a first checkpoint")
             )
             step_at_kill = _last_logged_step(kubectl, ns, f"{name}-rank-0")  # status.progress lags by its interval
-            killed_at = time.monotonic()
+            killed_at, killed_wall = time.monotonic(), reliability.now()
             node.kill_node(cluster, b)
             st = _wait_status(
                 kubectl,
@@ -193,6 +231,7 @@ def test_node_lost_mid_training_restarts_the_group_on_the_node_left_from_the_new
             f = next(f for f in st["failures"] if f.get("reason") == "NodeLost")
             assert f["node"] == b and f["pod"].startswith(f"{name}-rank-"), f
             assert f"runPolicy.nodeLossSeconds={loss_s}" in f["logTail"], f
+            not_ready, lost = _not_ready_since(kubectl, b), f["time"]
             # The lost node's pods were force-deleted: the new attempt's pods take their names on node A.
             st = _wait_status(
                 kubectl,
@@ -213,6 +252,14 @@ def test_node_lost_mid_training_restarts_the_group_on_the_node_left_from_the_new
             metrics = json.loads((host / name / ns / name / "metrics.json").read_text())
             resumed = checkpoints.checkpoint_step(Path(metrics["resumedFrom"]))
             assert resumed is not None and resumed >= at_kill, (metrics["resumedFrom"], at_kill)
+            row.detected_s = reliability.api_seconds(killed_wall, lost)
+            down_s = reliability.api_seconds(killed_wall, not_ready)
+            row.detected_note = f"{reliability.failure_note(f)}; node B not Ready after {down_s:.0f} s"
+            row.training_s = reliability.seconds(killed_wall, _training_again_at(kubectl, ns, name, resumed))
+            row.training_note = "on node A"
+            row.steps_lost = max(0, step_at_kill - resumed)
+            row.steps_note = f"step {step_at_kill} logged, resumed from checkpoint {resumed}"
+            _node_loss_goal(row, not_ready, lost, loss_s)
             print(
                 f"[ftjob-e2e] node lost: detected {detected_s:.1f} s after the kill, training again after "
                 f"{training_s:.1f} s, {max(0, step_at_kill - resumed)} steps lost (step {step_at_kill} -> "
@@ -233,11 +280,23 @@ def test_rank_0_silent_past_the_progress_deadline_is_hung_but_not_before_its_fir
     restarts it as Hung naming step 3 within the deadline and a log read; backoffLimit 0 ends it there."""
     ns, _ = job_namespace
     name, deadline_s = "hang", 60
+    row = reliability.disruption(
+        "hang",
+        f"rank 0 of a command job prints 3 steps, then blocks for ever with its process alive; "
+        f"runPolicy.progressDeadlineSeconds {deadline_s}",
+    )
     kubectl("-n", ns, "apply", "-f", str(JOBS / f"{name}.yaml"))
     st = _wait_status(
         kubectl, ns, name, lambda s: (s.get("progress") or {}).get("step") == 3, 600, "the last progress line"
     )
     seen = st["lastProgressTime"]
+    # The hang begins with the last progress line: its kubelet timestamp, read while the pod still exists (the
+    # job's end deletes it).
+    steps = reliability.train_steps(
+        reliability.progress_log(kubectl, ns, _rank_0(kubectl, ns, name), c.CONTAINER_TRAINER)
+    )
+    assert [s for _, s in steps] == [1, 2, 3], steps
+    hung_at = steps[-1][0]
     end = _wait_status(kubectl, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 600, "the end")
     assert end["phase"] == "Failed" and end["reason"] == "BackoffLimitExceeded", end
     (f,) = end["failures"]
@@ -246,6 +305,15 @@ def test_rank_0_silent_past_the_progress_deadline_is_hung_but_not_before_its_fir
     # Counted from the last line the operator saw (its 30 s read interval, and a pass on a loaded machine).
     silent = _seconds(seen, f["time"])
     assert deadline_s <= silent <= deadline_s + 30 + SLACK_S, (seen, f["time"])
+    row.detected_s = reliability.api_seconds(hung_at, f["time"])
+    row.detected_note = f"{reliability.failure_note(f)}, counted from the last progress line; {silent:.0f} s " + (
+        "after the operator last read progress"
+    )
+    row.training_note = "backoffLimit 0: the job ends Failed"
+    row.steps_note = "a command job, no checkpoint"
+    row.goal = f"Hung within the deadline ({deadline_s} s) + 30 s of the last progress line"
+    row.goal_held = row.detected_s <= deadline_s + 30
+    row.goal_note = f"{row.detected_s:.0f} s"
     print(f"[ftjob-e2e] hang: detected {silent:.0f} s after the last progress the operator saw", flush=True)
 
 
@@ -267,15 +335,33 @@ def test_drain_saves_the_current_step_on_every_rank_and_the_group_resumes_from_i
     ns, host = job_namespace
     a, b = node_cluster.nodes[0], node.NODE_B.name
     name = "ja-drain"
+    row = reliability.disruption(
+        "node drained",
+        "`kubectl drain` of node B mid-training (eviction API), one whole-node rank on each node, no periodic "
+        "checkpoint; node B stays cordoned until the job reports Unschedulable, then the test uncordons it",
+    )
     _operator_on_node_a(kubectl, operator, node_cluster)
     kubectl("-n", ns, "apply", "-f", str(JOBS / f"{name}.yaml"))
     rank0 = f"{name}-rank-0"
     wait_for(lambda: _last_logged_step(kubectl, ns, rank0) >= 4, timeout=JOB_TIMEOUT, interval=2.0, message="step 4")
     pods = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in _pods(kubectl, ns)}
     assert pods == {rank0: a, f"{name}-rank-1": b} or pods == {rank0: b, f"{name}-rank-1": a}, pods
+    # Rank 0's log as it is printed: its last training line before the drain stopped it (the pod is then deleted).
+    follower = reliability.LogFollower(
+        [
+            str(bins.ensure_binary("kubectl")),
+            f"--kubeconfig={node_cluster.kubeconfig}",
+            "-n",
+            ns,
+            "logs",
+            rank0,
+            "-c",
+            c.CONTAINER_TRAINER,
+        ]
+    )
     try:
         at_drain = _last_logged_step(kubectl, ns, rank0)
-        drained_at = time.monotonic()
+        drained_at, drained_wall = time.monotonic(), reliability.now()
         node.drain_node(node_cluster.kubeconfig, b, timeout_s=400)
         st = _wait_status(
             kubectl,
@@ -291,8 +377,11 @@ def test_drain_saves_the_current_step_on_every_rank_and_the_group_resumes_from_i
         assert st.get("drainRestarts") == 1, st
         # Whole-node ranks: the new attempt waits for a second node, and says why.
         _wait_status(kubectl, ns, name, lambda s: s.get("reason") == "Unschedulable", 300, "Unschedulable")
+        uncordoned_s = time.monotonic() - drained_at
     finally:
         node.uncordon_node(node_cluster.kubeconfig, b)
+        # The interrupted attempt's pods are gone once the new one waits: its rank 0 printed its last line.
+        stopped = reliability.last_step(follower.stop(wait_s=30))
     st = _wait_status(
         kubectl,
         ns,
@@ -309,6 +398,16 @@ def test_drain_saves_the_current_step_on_every_rank_and_the_group_resumes_from_i
     resumed = checkpoints.checkpoint_step(Path(metrics["resumedFrom"]))
     # Not the last periodic checkpoint (there is none): the step the drain interrupted, or a later one.
     assert resumed is not None and resumed >= at_drain, (metrics["resumedFrom"], at_drain)
+    assert stopped is not None and stopped >= at_drain, (stopped, at_drain)
+    row.detected_s = reliability.api_seconds(drained_wall, f["time"])
+    row.detected_note = reliability.failure_note(f)
+    row.training_s = reliability.seconds(drained_wall, _training_again_at(kubectl, ns, name, resumed))
+    row.training_note = f"node B uncordoned after {uncordoned_s:.0f} s"
+    row.steps_lost = max(0, stopped - resumed)
+    row.steps_note = f"rank 0's last line before the drain stopped it: step {stopped}; resumed from {resumed}"
+    row.goal = "drained work lost ≤ 1 step"
+    row.goal_held = row.steps_lost <= 1
+    row.goal_note = f"{row.steps_lost}"
     print(
         f"[ftjob-e2e] drain: detected {detected_s:.1f} s after the drain began, training again after "
         f"{training_s:.1f} s, "
@@ -326,7 +425,12 @@ def test_node_lost_when_the_job_needs_it_waits_unschedulable_and_succeeds_once_i
     Succeeds, never with two pods of one rank."""
     ns, host = job_namespace
     b = node.NODE_B.name
-    name = "ja-node-back"
+    name, loss_s = "ja-node-back", 30
+    row = reliability.disruption(
+        "node lost (the job needs it)",
+        f"node B dies after a checkpoint (as above), whole-node ranks need both nodes; the test restarts node B "
+        f"once the job reports Unschedulable; runPolicy.nodeLossSeconds {loss_s}",
+    )
     cluster = node_cluster.cluster
     _operator_on_node_a(kubectl, operator, node_cluster)
     ranks = RankWatch(node_cluster.kubeconfig, ns, name)
@@ -339,6 +443,8 @@ def test_node_lost_when_the_job_needs_it_waits_unschedulable_and_succeeds_once_i
             )
             placed = {p["spec"].get("nodeName") for p in _pods(kubectl, ns)}
             assert placed == set(node_cluster.nodes), placed
+            step_at_kill = _last_logged_step(kubectl, ns, f"{name}-rank-0")
+            killed_at, killed_wall = time.monotonic(), reliability.now()
             node.kill_node(cluster, b)
             # The restart's cause may be NodeLost, or rank 0 failing in a collective before node B is seen not
             # Ready; then NodeLost is recorded for that attempt once node B is lost. Either way it names node B.
@@ -355,6 +461,8 @@ def test_node_lost_when_the_job_needs_it_waits_unschedulable_and_succeeds_once_i
                 "the new attempt Unschedulable, node B's loss recorded",
             )
             assert "node" in st["message"], st["message"]  # the scheduler's own words, e.g. "0/2 nodes are available"
+            not_ready = _not_ready_since(kubectl, b)
+            restarted_s = time.monotonic() - killed_at
             node.restart_node(cluster, b)
         finally:
             if not any(x.process for x in cluster.components if x.name == f"kubelet{node.NODE_B.suffix}"):
@@ -365,3 +473,15 @@ def test_node_lost_when_the_job_needs_it_waits_unschedulable_and_succeeds_once_i
     resumed = checkpoints.checkpoint_step(Path(metrics["resumedFrom"]))
     assert resumed is not None and resumed >= at_kill, (metrics["resumedFrom"], at_kill)
     assert ranks.events > 0 and not ranks.duplicates, ranks.duplicates
+    # Detection: the restart's own entry (attempt 0), whatever its cause; the goal: the NodeLost entry.
+    first = next(f for f in done["failures"] if f.get("attempt") == 0)
+    lost = next(f for f in done["failures"] if f.get("reason") == "NodeLost" and f.get("node") == b)
+    row.detected_s = reliability.api_seconds(killed_wall, first["time"])
+    row.detected_note = f"{reliability.failure_note(first)}; node B not Ready after " + (
+        f"{reliability.api_seconds(killed_wall, not_ready):.0f} s"
+    )
+    row.training_s = reliability.seconds(killed_wall, _training_again_at(kubectl, ns, name, resumed))
+    row.training_note = f"node B restarted after {restarted_s:.0f} s"
+    row.steps_lost = max(0, step_at_kill - resumed)
+    row.steps_note = f"step {step_at_kill} logged, resumed from checkpoint {resumed}"
+    _node_loss_goal(row, not_ready, lost["time"], loss_s)

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from kubernetes import client
 from operator_support import API, Kubelet, free_port, status, two_rank_job
+from reliability import Ledger, Verdict
 
 from finetune_operator import constants as c
 from finetune_operator.admission import validate
@@ -262,35 +262,22 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str, interval: flo
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
 
 
-# -- docs/reliability.md ------------------------------------------------------------------------------------------
+# -- docs/reliability.md (its `faults` section) -------------------------------------------------------------------
 @dataclass
-class Record:
+class Record(Verdict):
     """One row of the fault record. The test that ran the scenario makes it (`record`), counts its trials and adds
-    notes; the outcome is pytest's own report of that test, which tests/faults/conftest.py passes to `observe`."""
+    notes; the outcome is pytest's own report of that test (reliability.Verdict), which tests/faults/conftest.py
+    passes on through LEDGER."""
 
     scenario: str  # the test that ran it
     injection: str
     trials: int = 0
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    result: str | None = None  # pytest's outcome of that test: "passed", "failed" or "skipped"; None until reported
-    reason: str = ""  # pytest's one-line message of a failure or a skip
-
-    def observe(self, report: pytest.TestReport) -> None:
-        """Take in pytest's report of one phase (setup, call, teardown) of the test that made this record: any
-        failed phase fails it, a skip skips it, and it passed when its call passed and nothing else failed."""
-        if report.failed:
-            if self.result != "failed":
-                self.result, self.reason = "failed", _one_line(report)
-        elif report.skipped:
-            if self.result is None:
-                self.result, self.reason = "skipped", _one_line(report)
-        elif report.when == "call" and self.result is None:
-            self.result = "passed"
 
     @property
     def held(self) -> bool:
-        return self.result == "passed" and not self.failures
+        return self.passed and not self.failures
 
     @property
     def outcome(self) -> str:
@@ -305,23 +292,12 @@ class Record:
         return "no pytest report"
 
 
-def _one_line(report: pytest.TestReport) -> str:
-    """pytest's message for a failed or skipped phase: the exception's first line, or the skip's reason."""
-    if isinstance(report.longrepr, tuple):  # a skip: (path, line, "Skipped: reason")
-        text = str(report.longrepr[2]).removeprefix("Skipped: ")
-    else:
-        crash = getattr(report.longrepr, "reprcrash", None)
-        text = crash.message if crash is not None else report.longreprtext
-    return (text.strip().splitlines() or [report.outcome])[0][:300]
-
-
-RECORDS: list[Record] = []
+LEDGER: Ledger[Record] = Ledger()
+RECORDS = LEDGER.records
 
 
 def record(scenario: str, injection: str) -> Record:
-    r = Record(scenario, injection)
-    RECORDS.append(r)
-    return r
+    return LEDGER.add(Record(scenario, injection))
 
 
 def rng(scenario: str) -> random.Random:

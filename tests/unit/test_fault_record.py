@@ -83,3 +83,14 @@ def test_a_failing_session_leaves_the_record_as_it_was(pytester: pytest.Pytester
             "*test_breaks*FAILED: AssertionError: the invariant broke*",
         ]
     )
+
+
+def test_the_fault_tier_rewrites_only_its_own_section(pytester: pytest.Pytester, tier: Path) -> None:
+    e2e = "<!-- BEGIN e2e -->\nthe failure table, measured on real nodes\n<!-- END e2e -->\n"
+    tier.write_text("# Reliability\n\n<!-- BEGIN faults -->\nan older record\n<!-- END faults -->\n\n" + e2e)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "tests/faults", "-k", "not breaks")
+    result.assert_outcomes(passed=1, skipped=1)
+    doc = tier.read_text()
+    assert doc.startswith("# Reliability\n\n<!-- BEGIN faults -->\n## The fault suite's results")
+    assert "an older record" not in doc and set(rows(doc)) == {"test_holds", "test_is_skipped"}
+    assert doc.endswith("<!-- END faults -->\n\n" + e2e)
