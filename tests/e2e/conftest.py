@@ -11,8 +11,9 @@ with an `output` claim on a hostPath ReadWriteMany volume that holds the example
 
 The failure table: a test that injects a failure mode adds a row (`reliability.disruption`) with what it measured;
 at the end of a session in which every test passed (or was skipped) and at least one row's test passed, the rows
-of the tests that passed are written to the `e2e` section of $FTJOB_E2E_RELIABILITY_OUT (`make test-e2e` writes
-docs/reliability.md), the rest of that file left as it was; any other session writes nothing.
+of the tests that passed are written to the `e2e` section of $FTJOB_E2E_RELIABILITY_OUT (`make test-e2e`:
+_out/reliability-e2e.md, or docs/reliability.md with E2E_RELIABILITY_OUT=docs/reliability.md), the rest of that
+file left as it was; any other session writes nothing.
 """
 
 from __future__ import annotations
