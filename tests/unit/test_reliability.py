@@ -127,14 +127,17 @@ def test_progress_lines_with_the_kubelets_timestamps() -> None:
 
 
 def test_the_committed_failure_table_lists_only_modes_the_e2e_tests_measure() -> None:
-    """docs/reliability.md's e2e section is `make test-e2e E2E_RELIABILITY_OUT=docs/reliability.md`'s output: a row for a mode no e2e test records any more
-    is out of date (and rewriting one section must not have broken the other's markers)."""
+    """docs/reliability.md's e2e section is what `make test-e2e E2E_RELIABILITY_OUT=docs/reliability.md`
+    writes: a row for a mode no e2e test records any more is out of date (and rewriting one section must not have broken the other's markers)."""
     root = Path(__file__).resolve().parents[2]
     doc = (root / "docs" / "reliability.md").read_text()
     assert reliability.section(doc, "faults") is not None, "docs/reliability.md lost its `faults` section markers"
     table = reliability.section(doc, "e2e")
     if table is None:
-        pytest.skip("docs/reliability.md has no e2e section yet (`make test-e2e E2E_RELIABILITY_OUT=docs/reliability.md` writes it)")
+        pytest.skip(
+            "docs/reliability.md has no e2e section yet "
+            "(`make test-e2e E2E_RELIABILITY_OUT=docs/reliability.md` writes it)"
+        )
     declared: set[str] = set()
     for path in (root / "tests" / "e2e").glob("test_*.py"):
         declared |= set(re.findall(r'disruption\(\s*"([^"]+)"', path.read_text()))
