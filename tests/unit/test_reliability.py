@@ -128,7 +128,8 @@ def test_progress_lines_with_the_kubelets_timestamps() -> None:
 
 def test_the_committed_failure_table_lists_only_modes_the_e2e_tests_measure() -> None:
     """docs/reliability.md's e2e section is what `make test-e2e E2E_RELIABILITY_OUT=docs/reliability.md`
-    writes: a row for a mode no e2e test records any more is out of date (and rewriting one section must not have broken the other's markers)."""
+    writes: a row for a mode no e2e test records any more is out of date (and rewriting one section must not
+    have broken the other's markers)."""
     root = Path(__file__).resolve().parents[2]
     doc = (root / "docs" / "reliability.md").read_text()
     assert reliability.section(doc, "faults") is not None, "docs/reliability.md lost its `faults` section markers"
