@@ -685,16 +685,20 @@ def lost_nodes(p: Pass) -> None:
     """After the deciding phase: a pod on a lost node (not Ready for runPolicy.nodeLossSeconds) that is being
     deleted, or that this pass deletes, is force-deleted (grace 0): its kubelet will never confirm its end, and
     until the name is free the next attempt cannot create it. While a node of the current attempt's pods is not
-    Ready but not yet lost, the NodeLost condition says so and the loop looks again when it will be."""
+    Ready but not yet lost, the NodeLost condition says so and the loop looks again when it will be; so it does for a
+    pod being deleted on such a node (an earlier attempt's holds the name the next attempt needs)."""
     st = p.status
     deleting = set(p.plan.delete_pods)
     attempt = int(st.get("restartCount") or 0)
     loss = int(p.run_policy.get("nodeLossSeconds", 60))
     for pod, down in p.nodes_down(finished=True):
-        if down.lost and (_deleting(pod) or pod["metadata"]["name"] in deleting):
+        going = _deleting(pod) or pod["metadata"]["name"] in deleting
+        if down.lost and going:
             p.delete([pod], grace=0)
             if _attempt(pod) < attempt:
                 _note_lost(p, _node_lost(pod, down, _attempt(pod), loss))
+        elif going:  # e.g. an earlier attempt's: forced the moment its node is lost, not at some later pass
+            p.requeue(max(down.left, 0.5))
     waiting = [(pod, d) for pod, d in p.nodes_down() if _attempt(pod) == attempt and not d.lost]
     if waiting and st.get("phase") not in TERMINAL:
         nodes = {d.node: d for _, d in waiting}

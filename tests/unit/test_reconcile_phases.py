@@ -365,6 +365,9 @@ def test_pods_stuck_terminating_on_a_lost_node_are_force_deleted() -> None:
     stale["metadata"]["uid"] = "u-old"
     before = rec.reconcile(j, observe([stale], {"node-b": not_ready(T0)}, T0 + timedelta(seconds=10)))
     assert "j-rank-1" not in before.delete_pods  # not lost yet: it may still end by itself
+    # ...and the loop looks again when it will be (found on the real nodes: the old attempt's pod was forced only
+    # at the next unrelated pass, ~30 s late, and until then the new attempt could not reuse its name).
+    assert before.requeue_after is not None and before.requeue_after <= 20
     after = rec.reconcile(j, observe([stale], {"node-b": not_ready(T0)}, T0 + timedelta(seconds=31)))
     assert after.delete_pods == ["j-rank-1"] and after.grace == {"j-rank-1": 0}
     assert after.pod_uids == {"j-rank-1": "u-old"}
