@@ -608,7 +608,7 @@ def _containerd_config_digest(ref: str, node: NodeSpec) -> str | None:
 
 def repository_of(name: str) -> str:
     """An image name without its tag or digest: docker.io/finetune-operator/cpu for
-    docker.io/finetune-operator/cpu:0.1.0 and for docker.io/finetune-operator/cpu@sha256:..."""
+    docker.io/finetune-operator/cpu:old and for docker.io/finetune-operator/cpu@sha256:..."""
     name = name.split("@", 1)[0]
     head, _, last = name.rpartition("/")
     return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
