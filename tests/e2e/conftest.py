@@ -67,6 +67,12 @@ class NodeCluster:
     nodes: tuple[str, ...]  # node names, node A first
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that kill, drain and restart node B run last, so that every other test (test_node_tooling's check
+    that both nodes stayed Ready since they registered included) runs on nodes no test has disrupted yet."""
+    items.sort(key=lambda item: item.path.name == "test_disruptions.py")  # stable: file order otherwise kept
+
+
 @pytest.fixture(scope="session")
 def node_cluster(request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
     reason = node.unavailable_reason()
