@@ -16,9 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,7 +26,14 @@ from typing import Any
 import pytest
 import yaml
 from chartlib import CHART, REPO, load_all
-from installlib import CRD_NAME, Kubectl, adopt_crd, free_port, http_get, service_account_kubeconfig
+from installlib import (
+    CRD_NAME,
+    ChartOperator,
+    Kubectl,
+    adopt_crd,
+    chart_operator,
+    http_get,
+)
 
 from ftjob_cluster import bins
 from ftjob_cluster.localcluster import LocalCluster, wait_for
@@ -236,71 +241,36 @@ def test_operator_pod_passes_restricted_pod_security_admission(kubectl: Kubectl,
 
 
 @pytest.fixture(scope="module")
-def operator(kubectl: Kubectl, installed: dict[str, str]) -> Iterator[dict[str, Any]]:
-    release_ns = installed["release"]
+def operator(kubectl: Kubectl, installed: dict[str, str]) -> Iterator[ChartOperator]:
     work = Path(tempfile.mkdtemp(prefix="ftop-chart-"))
-    deployment = kubectl.get("deployment", FULLNAME, "-n", release_ns)
-    pod = deployment["spec"]["template"]["spec"]
-    container = pod["containers"][0]
-    config_map = kubectl.get("configmap", f"{FULLNAME}-config", "-n", release_ns)
-    config = work / "config.yaml"
-    config.write_text(config_map["data"]["config.yaml"])
-    kubeconfig = service_account_kubeconfig(kubectl, release_ns, pod["serviceAccountName"], work / "sa.kubeconfig")
-    metrics_port, health_port = free_port(), free_port()
-    # The Deployment's own args, with local paths and free ports in place of the in-cluster ones.
-    args = []
-    for arg in container["args"]:
-        if arg.startswith("--config="):
-            arg = f"--config={config}"
-        elif arg.startswith("--metrics-port="):
-            arg = f"--metrics-port={metrics_port}"
-        elif arg.startswith("--health-port="):
-            arg = f"--health-port={health_port}"
-        args.append(arg)
-    ftjob = str(Path(sys.executable).with_name(container["command"][0]))
-    log = (work / "operator.log").open("w")
-    # The container's environment as the kubelet gives it: the downward API's pod name and namespace.
-    fields = {"metadata.name": POD_NAME, "metadata.namespace": release_ns}
-    pod_env = {e["name"]: e.get("value") or fields[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in container["env"]}
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **pod_env}
-    proc = subprocess.Popen([ftjob, *args], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        yield {"args": args, "health": health_port, "metrics": metrics_port, "log": work / "operator.log", "proc": proc}
-    finally:
-        # Deleted while the operator still runs, so kopf removes its finalizers and nothing is left behind
-        # for the next mode's operator to pick up.
-        kubectl("delete", "finetunejobs", "--all", "-n", installed["jobs"], "--wait=false", check=False)
-        with contextlib.suppress(Exception):
-            wait_for(
-                lambda: not (kubectl.get("finetunejobs", "-n", installed["jobs"]) or {}).get("items"),
-                timeout=60,
-                message="FineTuneJobs deleted",
-            )
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+        with chart_operator(kubectl, installed["release"], FULLNAME, work, POD_NAME) as running:
             try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
+                yield running
+            finally:
+                # Deleted while the operator still runs, so kopf removes its finalizers and nothing is left behind
+                # for the next mode's operator to pick up.
+                kubectl("delete", "finetunejobs", "--all", "-n", installed["jobs"], "--wait=false", check=False)
+                with contextlib.suppress(Exception):
+                    wait_for(
+                        lambda: not (kubectl.get("finetunejobs", "-n", installed["jobs"]) or {}).get("items"),
+                        timeout=60,
+                        message="FineTuneJobs deleted",
+                    )
+    finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def operator_log(operator: dict[str, Any]) -> str:
-    return Path(operator["log"]).read_text(errors="replace")
+def operator_log(operator: ChartOperator) -> str:
+    return operator.log_text()
 
 
-def alive(operator: dict[str, Any]) -> Callable[[], None]:
-    def check() -> None:
-        if operator["proc"].poll() is not None:
-            pytest.fail(f"operator exited with {operator['proc'].returncode}:\n{operator_log(operator)[-4000:]}")
-
-    return check
+def alive(operator: ChartOperator) -> Callable[[], None]:
+    return operator.check_alive
 
 
 def test_operator_leads_through_the_chart_lease_role(
-    kubectl: Kubectl, operator: dict[str, Any], installed: dict[str, str]
+    kubectl: Kubectl, operator: ChartOperator, installed: dict[str, str]
 ) -> None:
     """The Deployment's election flags and env, with the chart's Role: the operator creates its Lease in the
     release namespace, as its pod, and keeps renewing it."""
@@ -318,17 +288,17 @@ def test_operator_leads_through_the_chart_lease_role(
     wait_for(lambda: lease()["spec"]["renewTime"] != first, timeout=60, message="a renewal")
 
 
-def test_operator_serves_health_and_metrics(operator: dict[str, Any], installed: dict[str, str]) -> None:
-    namespace_args = [a for a in operator["args"] if a.startswith("--namespace")]
+def test_operator_serves_health_and_metrics(operator: ChartOperator, installed: dict[str, str]) -> None:
+    namespace_args = [a for a in operator.args if a.startswith("--namespace")]
     assert namespace_args == ([f"--namespace={installed['jobs']}"] if installed["mode"] == "namespaced" else [])
     check = alive(operator)
 
     def healthy() -> bool:
         check()
-        return http_get(f"http://127.0.0.1:{operator['health']}/healthz")[0] == 200
+        return http_get(f"http://127.0.0.1:{operator.health}/healthz")[0] == 200
 
     wait_for(healthy, timeout=90, message="operator /healthz")
-    status, body = http_get(f"http://127.0.0.1:{operator['metrics']}/metrics")
+    status, body = http_get(f"http://127.0.0.1:{operator.metrics}/metrics")
     assert status == 200 and "# TYPE" in body
 
 
@@ -354,7 +324,7 @@ def test_operator_serves_health_and_metrics(operator: dict[str, Any], installed:
     ],
 )
 def test_operator_reconciles_a_sample_with_the_chart_rbac(
-    kubectl: Kubectl, installed: dict[str, str], operator: dict[str, Any], sample: str, children: list[str]
+    kubectl: Kubectl, installed: dict[str, str], operator: ChartOperator, sample: str, children: list[str]
 ) -> None:
     jobs_ns = installed["jobs"]
     (job,) = load_all((SAMPLES / sample).read_text())
