@@ -86,6 +86,22 @@ def test_mpi_workers_get_volumes_by_default_and_the_launcher_only_when_asked() -
     assert DATA in only["j-launcher"]["spec"]["volumes"] and DATA not in only["j-worker-1"]["spec"]["volumes"]
 
 
+def test_image_pull_secrets_reach_every_pod_the_launcher_too() -> None:
+    pull = [{"name": "registry-pull"}, {"name": "mirror-pull"}]
+    for mpi in (False, True):
+        got = pods({"imagePullSecrets": pull, "roles": ["launcher"] if mpi else ["rank"]}, mpi=mpi)
+        assert {name: p["spec"]["imagePullSecrets"] for name, p in got.items()} == {name: pull for name in got}
+    assert all("imagePullSecrets" not in p["spec"] for p in pods({}).values())
+
+
+def test_an_image_pull_secret_is_refused_naming_its_field_and_the_fix() -> None:
+    field = r"spec\.podTemplate\.imagePullSecrets\[0\]\.name: "
+    with pytest.raises(InvalidSpec, match=field + "required field is missing"):
+        pods({"imagePullSecrets": [{}]})
+    with pytest.raises(InvalidSpec, match=field + "'Not_A_Name' is not allowed here; use a DNS subdomain"):
+        pods({"imagePullSecrets": [{"name": "Not_A_Name"}]})
+
+
 def test_pull_policy_of_a_user_container_defaults_to_the_jobs() -> None:
     got = pods({"initContainers": [{"name": "a"}, {"name": "b", "imagePullPolicy": "Always"}]}, imagePullPolicy="Never")
     a, b = got["j-rank-0"]["spec"]["initContainers"][:2]

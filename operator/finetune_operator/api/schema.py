@@ -653,6 +653,7 @@ POD_ROLES = (c.ROLE_RANK, c.ROLE_WORKER, c.ROLE_LAUNCHER)
 POD_TEMPLATE_MAX_VOLUMES = 32
 POD_TEMPLATE_MAX_MOUNTS = 32
 POD_TEMPLATE_MAX_INIT_CONTAINERS = 8
+POD_TEMPLATE_MAX_PULL_SECRETS = 8
 # Annotations of a pod may hold 256 KiB (keys and values, in bytes); counted in characters, which the CEL rule
 # and `ftjob render` count alike, this bound keeps even 4-byte characters under it.
 POD_TEMPLATE_ANNOTATION_CHARS = 65536
@@ -819,11 +820,11 @@ CONTAINER = _o(
 
 POD_TEMPLATE = _o(
     "What to add to the pods the operator builds (Kubeflow's pod template overrides, within what the operator "
-    "derives): labels, annotations and a priority class on every pod; volumes, their mounts and init or sidecar "
-    "containers on the pods of `roles`. What the operator sets stays its own: its labels (app.kubernetes.io/name, "
-    "instance, managed-by, part-of, component and every finetune.dev/ key), its volumes, mount paths, container "
-    "names, environment, device resources and security context; admission refuses a template that would "
-    "override them. Immutable after creation.",
+    "derives): labels, annotations, a priority class and image pull secrets on every pod; volumes, their mounts "
+    "and init or sidecar containers on the pods of `roles`. What the operator sets stays its own: its labels "
+    "(app.kubernetes.io/name, instance, managed-by, part-of, component and every finetune.dev/ key), its "
+    "volumes, mount paths, container names, environment, device resources and security context; admission "
+    "refuses a template that would override them. Immutable after creation.",
     {
         "metadata": _o(
             "Labels and annotations for every pod of the job (the MPI launcher too) and for the pod sets of its "
@@ -855,6 +856,18 @@ POD_TEMPLATE = _o(
             maxLength=f.DNS_SUBDOMAIN_MAX,
             pattern=f.DNS_SUBDOMAIN,
         ),
+        "imagePullSecrets": {
+            "type": "array",
+            "description": "Secrets (kubernetes.io/dockerconfigjson, in the job's namespace) the kubelet logs in to "
+            "a private registry with when it pulls the images of every pod of the job (the MPI launcher too), "
+            "e.g. [{name: registry-pull}]. Added to those of the pods' ServiceAccount.",
+            "items": _o(
+                "A Secret in the job's namespace.",
+                {"name": _s("Secret name.", minLength=1, maxLength=f.DNS_SUBDOMAIN_MAX, pattern=f.DNS_SUBDOMAIN)},
+                required=["name"],
+            ),
+            "maxItems": POD_TEMPLATE_MAX_PULL_SECRETS,
+        },
         "roles": {
             "type": "array",
             "description": "Which pods get volumes, volumeMounts and initContainers: rank (torchrun's pods), "

@@ -2,8 +2,9 @@
 what the operator derives).
 
 Which pods get what:
-- metadata.labels, metadata.annotations and priorityClassName: every pod of the job, the MPI launcher too (an
-  evicted or preempted launcher ends the group as surely as a rank, and Kueue takes one priority per Workload);
+- metadata.labels, metadata.annotations, priorityClassName and imagePullSecrets: every pod of the job, the MPI
+  launcher too (an evicted or preempted launcher ends the group as surely as a rank, and Kueue takes one priority
+  per Workload; the launcher's image comes from the same registry);
 - volumes, volumeMounts and initContainers: the pods of `roles`, by default those that hold ranks (rank, or
   worker under MPI). The launcher only runs mpirun, so a dataset or a sidecar reaches it only when asked.
 
@@ -82,6 +83,9 @@ def apply(pod: dict[str, Any], job: dict[str, Any], role: str, image: str) -> di
     spec = pod["spec"]
     if tpl.get("priorityClassName"):
         spec["priorityClassName"] = tpl["priorityClassName"]
+    if tpl.get("imagePullSecrets"):
+        # The admission plugin appends the ServiceAccount's own to these when the pod is created.
+        spec["imagePullSecrets"] = [{"name": s["name"]} for s in tpl["imagePullSecrets"]]
     if role not in roles(job):
         return pod
     mounts = list(tpl.get("volumeMounts") or [])
