@@ -97,10 +97,29 @@ def test_bare_torchrun_forms_one_world_across_two_nodes(tmp_path: Path) -> None:
     assert "`torchrun all_reduce.py" in r.stderr and "torchrun, 2 node(s) x 1 process(es)" in r.stderr
 
 
+# Runs accelerate's script, then leaves without the interpreter's finalisation. After the script has passed and
+# destroyed its process group, rank 0 now and then still aborts while Python tears down ("terminate called without
+# an active exception", SIGABRT, no Python frame left: the c10d/gloo teardown-at-exit class of pytorch/pytorch#190489
+# and #179291), which failed the run (and CI once) after every check had passed. A failing check still raises
+# before os._exit, and the rank exits non-zero.
+RUN_THEN_EXIT = """\
+import os, runpy, sys
+runpy.run_path(sys.argv[1], run_name="__main__")
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
+"""
+
+
 def test_accelerate_sync_check_runs_on_two_ranks(tmp_path: Path) -> None:
+    (tmp_path / "run_then_exit.py").write_text(RUN_THEN_EXIT)
     # ACCELERATE_USE_CPU: what `accelerate launch --cpu` sets; without it accelerate looks for a GPU backend.
     job = _job(
-        tmp_path, ["torchrun", str(ACCELERATE_TEST_SYNC)], {"ACCELERATE_USE_CPU": "true"}, nodes=1, procsPerNode=2
+        tmp_path,
+        ["torchrun", "run_then_exit.py", str(ACCELERATE_TEST_SYNC)],
+        {"ACCELERATE_USE_CPU": "true"},
+        nodes=1,
+        procsPerNode=2,
     )
     r = _ftjob_run(tmp_path, job)
     log = _log(tmp_path)
