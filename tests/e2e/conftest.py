@@ -2,12 +2,22 @@
 each, in zones of their own; CoreDNS), the operator installed by Helm as a pod, and FineTuneJobs applied with
 kubectl (docs/cluster.md).
 
+The release path is a user's: the session starts an OCI registry (CNCF distribution, TLS from the cluster CA,
+htpasswd) on NODE_IP, which both nodes reach; `hack/release.py release --no-build` pushes the built operator and
+cpu images and the chart into it (`release` fixture); the operator is `helm install`ed from
+oci://NODE_IP:5000/charts/finetune-operator, whose values name both images by digest; the operator pod and every
+rank pod pull them from the registry with an imagePullSecret (the nodes' containerd trusts the registry's CA and
+holds no credentials of its own). `ctr import` of the cpu image stays only as a cache warm-up: the pull then finds
+its layers unpacked already (same diffIDs) and fetches the manifest and config alone (docs/cluster.md
+"Registry").
+
 The session skips, saying why, where this machine cannot run a node (not root, no cgroups, no containerd) or
 the images are not built (`make test-e2e` builds them). Nothing here writes pod status or serves logs: the
 kubelets do.
 
-Fixtures: `node_cluster`, `kubectl`, `operator` (the Helm release), `job_namespace` (restricted Pod Security,
-with an `output` claim on a hostPath ReadWriteMany volume that holds the examples' models and data).
+Fixtures: `node_cluster`, `release` (the registry and what was released into it), `kubectl`, `operator` (the
+Helm release), `job_namespace` (restricted Pod Security, the pull Secret on its default ServiceAccount, with an
+`output` claim on a hostPath ReadWriteMany volume that holds the examples' models and data).
 
 The failure table: a test that injects a failure mode adds a row (`reliability.disruption`) with what it measured;
 at the end of a session in which every test passed (or was skipped) and at least one row's test passed, the rows
@@ -22,6 +32,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -36,6 +47,7 @@ from cluster_support import Kubectl, make_kubectl
 from finetune_operator.api.schema import CACHE_FOLDER
 from ftjob_cluster import bins, node
 from ftjob_cluster.localcluster import LocalCluster, wait_for
+from ftjob_cluster.registry import Registry, docker_config, image_pull_secret
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,6 +56,13 @@ VERSION = (REPO / "VERSION").read_text().strip()
 RUNTIME_IMAGE = os.environ.get("FTJOB_E2E_IMAGE") or f"finetune-operator/cpu:{VERSION}"
 OPERATOR_IMAGE = os.environ.get("FTJOB_E2E_OPERATOR_IMAGE") or f"finetune-operator/operator:{VERSION}"
 OPERATOR_NS = "ftjob-system"
+# The registry listens on NODE_IP (node B reaches it through its veth, as it reaches the API server) at a fixed
+# port: Docker remembers which layers it pushed to a repository by the repository's name, port included, so a fixed
+# name lets a later session's push skip every layer the registry's storage (kept in the cache) already has.
+REGISTRY_PORT = 5000
+REGISTRY_STORAGE = bins.cache_root() / "e2e-registry" / "storage"
+PULL_SECRET = "registry-pull"
+RELEASE_NAME = "ftjob"
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/enforce-version": "latest",
@@ -68,9 +87,10 @@ class NodeCluster:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that kill, drain and restart node B run last, so that every other test (test_node_tooling's check
-    that both nodes stayed Ready since they registered included) runs on nodes no test has disrupted yet."""
-    items.sort(key=lambda item: item.path.name == "test_disruptions.py")  # stable: file order otherwise kept
+    """The registry's pull tests run first: they look for the session's first pulls of the released images. The
+    tests that kill, drain and restart node B run last, so that every other test (test_node_tooling's check that
+    both nodes stayed Ready since they registered included) runs on nodes no test has disrupted yet."""
+    items.sort(key=lambda item: (item.path.name == "test_disruptions.py", item.path.name != "test_registry_pull.py"))
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +111,8 @@ def node_cluster(request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
     )
     with node.node_lock():
         try:
-            times = node.start(cluster, [RUNTIME_IMAGE, OPERATOR_IMAGE], detach=False)
+            # The cpu image only, as a cache warm-up; the operator image reaches the nodes by a pull alone.
+            times = node.start(cluster, [RUNTIME_IMAGE], detach=False)
             print(f"[ftjob-e2e] {', '.join(f'{k} {v:.1f}' for k, v in times.items())}", flush=True)
             volumes = directory / "volumes"
             volumes.mkdir()
@@ -135,44 +156,166 @@ def _namespace(kubectl: Kubectl, name: str) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Release:
+    """What the session released into its registry (hack/release.py's release.json) and how to reach it."""
+
+    registry: Registry
+    ca_file: Path
+    docker_config: Path  # DOCKER_CONFIG folder, logged in
+    helm_registry_config: Path  # helm's registry config, logged in
+    record: dict[str, Any]
+
+    @property
+    def chart(self) -> str:
+        return str(self.record["chart"]["ref"])
+
+    def image(self, flavor: str) -> str:
+        """`host/finetune-operator/FLAVOR@sha256:...`: the reference the released chart gives the pods."""
+        i = self.record["images"][f"finetune-operator/{flavor}"]
+        return f"{i['image']}@{i['digest']}"
+
+    def pull_secret(self, namespace: str) -> dict[str, Any]:
+        r = self.registry
+        return image_pull_secret(PULL_SECRET, namespace, r.host, r.user, r.password)
+
+    def helm_args(self) -> list[str]:
+        return [self.chart, "--version", VERSION, "--ca-file", str(self.ca_file)]
+
+    def helm_env(self) -> dict[str, str]:
+        return {**os.environ, "HELM_REGISTRY_CONFIG": str(self.helm_registry_config)}
+
+
 @pytest.fixture(scope="session")
-def operator(node_cluster: NodeCluster, kubectl: Kubectl) -> str:
-    """`helm install` of charts/finetune-operator with the operator image; returns the release namespace."""
-    _namespace(kubectl, OPERATOR_NS)
-    repo, _, tag = OPERATOR_IMAGE.rpartition(":")
-    runtime_tag = RUNTIME_IMAGE.rpartition(":")[2]
-    helm = bins.ensure_binary("helm")
-    subprocess.run(
-        [
-            str(helm),
-            "install",
-            "ftjob",
-            str(REPO / "charts" / "finetune-operator"),
-            "-n",
-            OPERATOR_NS,
-            f"--kubeconfig={node_cluster.kubeconfig}",
-            "--set",
-            f"operator.image.repository={repo}",
-            "--set",
-            f"operator.image.tag={tag}",
-            "--set",
-            f"runtimeImages.tag={runtime_tag}",
-            "--wait",
-            "--timeout=600s",
-        ],  # a first start unpacks the images on 2 busy cores
+def release(node_cluster: NodeCluster) -> Iterator[Release]:
+    """The registry on NODE_IP:REGISTRY_PORT, trusted by Docker (its certs.d) and both nodes' containerd (hosts.toml),
+    with the operator and cpu images and the chart of VERSION released into it by hack/release.py."""
+    cluster = node_cluster.cluster
+    assert cluster.directory is not None
+    work = cluster.directory / "release"
+    ca = cluster.directory / "pki" / "ca.crt"
+    REGISTRY_STORAGE.mkdir(parents=True, exist_ok=True)
+    registry = Registry(
+        work / "registry",
+        cluster.directory / "pki",
+        address=node.NODE_IP,
+        port=REGISTRY_PORT,
+        storage=REGISTRY_STORAGE,
+        collect_garbage=True,
+    ).start()
+    docker_trust = node.DOCKER_CERTS_D / registry.host
+    try:
+        # Docker verifies a registry outside 127.0.0.0/8 with the CA in its certs.d folder (read at each push).
+        docker_trust.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ca, docker_trust / "ca.crt")
+        node.trust_registry(cluster, registry.host, ca)
+        # What earlier sessions pulled from their registry goes, so that this session's pods pull for real.
+        forgotten = node.forget_images(registry.host, node.cluster_nodes(cluster))
+        forgotten += node.forget_repository(f"docker.io/{OPERATOR_IMAGE}", node.cluster_nodes(cluster))
+        if forgotten:
+            print(f"[ftjob-e2e] removed from the node stores: {', '.join(forgotten)}", flush=True)
+        docker_dir = work / "docker"
+        docker_dir.mkdir(parents=True)
+        (docker_dir / "config.json").write_text(
+            json.dumps(docker_config(registry.host, registry.user, registry.password))
+        )
+        helm_config = work / "helm" / "registry.json"
+        helm_config.parent.mkdir(parents=True)
+        helm = str(bins.ensure_binary("helm"))
+        env = {**os.environ, "DOCKER_CONFIG": str(docker_dir), "HELM_REGISTRY_CONFIG": str(helm_config)}
+        subprocess.run(
+            [helm, "registry", "login", registry.host, "--ca-file", str(ca), "-u", registry.user, "--password-stdin"],
+            input=registry.password,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        out = work / "out"
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "hack" / "release.py"),
+                "release",
+                "--registry",
+                registry.host,
+                "--images",
+                "operator,cpu",
+                "--no-build",
+                "--helm",
+                helm,
+                "--ca-file",
+                str(ca),
+                "--out",
+                str(out),
+            ],
+            env=env,
+            check=True,
+            timeout=3600,  # a first push of the cpu image (several GB, gzip on 2 cores); later ones skip its layers
+        )
+        record = json.loads((out / VERSION / "release.json").read_text())
+        yield Release(registry, ca, docker_dir, helm_config, record)
+    finally:
+        registry.stop()
+        shutil.rmtree(docker_trust, ignore_errors=True)
+        for flavor in ("operator", "cpu"):
+            subprocess.run(
+                ["docker", "rmi", f"{registry.host}/finetune-operator/{flavor}:{VERSION}"], capture_output=True
+            )
+
+
+def helm(node_cluster: NodeCluster, release: Release, *args: str) -> subprocess.CompletedProcess[str]:
+    """The pinned helm against the e2e cluster, logged in to the registry."""
+    return subprocess.run(
+        [str(bins.ensure_binary("helm")), *args, f"--kubeconfig={node_cluster.kubeconfig}"],
         check=True,
         capture_output=True,
         text=True,
+        env=release.helm_env(),
+    )
+
+
+@pytest.fixture(scope="session")
+def operator(node_cluster: NodeCluster, kubectl: Kubectl, release: Release) -> str:
+    """`helm install` of the released chart from the registry, as the README's "On a cluster" says: its values name
+    the operator and runtime images by digest; the pull Secret is the release namespace's. Returns the namespace."""
+    _namespace(kubectl, OPERATOR_NS)
+    kubectl("apply", "-f", "-", input=json.dumps(release.pull_secret(OPERATOR_NS)))
+    helm(
+        node_cluster,
+        release,
+        "install",
+        RELEASE_NAME,
+        *release.helm_args(),
+        "-n",
+        OPERATOR_NS,
+        "--set",
+        f"operator.imagePullSecrets[0].name={PULL_SECRET}",
+        "--wait",
+        "--timeout=600s",  # a first start pulls and unpacks the image on 2 busy cores
     )
     return OPERATOR_NS
 
 
 @pytest.fixture
-def job_namespace(node_cluster: NodeCluster, kubectl: Kubectl, operator: str) -> Iterator[tuple[str, Path]]:
-    """A restricted namespace with claims `results` and `inputs` (hostPath PVs, RWX, one host directory holding
-    examples/); yields (ns, host dir)."""
+def job_namespace(
+    node_cluster: NodeCluster, kubectl: Kubectl, operator: str, release: Release
+) -> Iterator[tuple[str, Path]]:
+    """A restricted namespace whose default ServiceAccount holds the registry's pull Secret (the ServiceAccount
+    admission plugin copies it into every pod: the rank pods pull the runtime image with it), with claims `results`
+    and `inputs` (hostPath PVs, RWX, one host directory holding examples/); yields (ns, host dir)."""
     name = f"e2e-{uuid.uuid4().hex[:6]}"
     _namespace(kubectl, name)
+    kubectl("apply", "-f", "-", input=json.dumps(release.pull_secret(name)))
+    kubectl(
+        "-n",
+        name,
+        "patch",
+        "serviceaccount",
+        "default",
+        "-p",
+        json.dumps({"imagePullSecrets": [{"name": PULL_SECRET}]}),
+    )
     host = node_cluster.volumes / name
     # The compile-cache mount is the claim's CACHE_FOLDER, so the jobs find the staged examples at /cache/examples.
     shutil.copytree(REPO / "examples" / "models", host / CACHE_FOLDER / "examples" / "models")

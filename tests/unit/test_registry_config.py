@@ -39,16 +39,18 @@ def test_hosts_toml_pulls_from_the_registry_over_https_trusting_the_cluster_ca()
     }
 
 
-def test_cri_fragment_points_at_the_hosts_directory_and_carries_the_credentials() -> None:
-    password = 'p"w\\d'  # TOML escapes survive the round trip
-    fragment = registry.containerd_cri_registry_config("/run/ftjob-node/certs.d", HOST, "ftjob", password)
+def test_cri_fragment_points_at_the_hosts_directory_and_carries_no_credentials() -> None:
+    fragment = registry.containerd_cri_registry_config('/run/ftjob "node"/certs.d')
     config = tomllib.loads(NODE_CONFIG + fragment)  # appended to the node's config, it still parses
-    reg = config["plugins"][CRI]["registry"]
-    assert reg["config_path"] == "/run/ftjob-node/certs.d"
-    assert reg["configs"] == {HOST: {"auth": {"username": "ftjob", "password": password}}}
-    # containerd 1.6 refuses mirrors and configs.<host>.tls beside config_path (pkg/cri/config/config.go).
-    assert "mirrors" not in reg and "tls" not in reg["configs"][HOST]
+    # Only config_path: no `configs` (credentials: pods bring their own), and containerd 1.6 refuses mirrors and
+    # configs.<host>.tls beside config_path (pkg/cri/config/config.go).
+    assert config["plugins"][CRI]["registry"] == {"config_path": '/run/ftjob "node"/certs.d'}
     assert config["plugins"][CRI]["sandbox_image"] == "registry.k8s.io/pause:3.10"
+
+
+def test_the_serving_certificate_names_the_address_clients_use() -> None:
+    assert registry.serving_names("127.0.0.1") == (("localhost",), ("127.0.0.1",))
+    assert registry.serving_names("10.250.0.1") == ((), ("10.250.0.1",))
 
 
 def test_image_pull_secret_is_a_valid_dockerconfigjson_for_the_host() -> None:

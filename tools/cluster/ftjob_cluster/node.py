@@ -60,6 +60,7 @@ from ftjob_cluster.localcluster import (
     free_port,
 )
 from ftjob_cluster.netpolicy import NETPOL_QUEUE, NETPOL_TABLE, network_policy_unavailable_reason
+from ftjob_cluster.registry import containerd_cri_registry_config, containerd_hosts_toml
 
 # Documentation-free private addresses that we add ourselves; nothing else on the machine uses them.
 NODE_IP = "10.250.0.1"  # node A and the API server (on ftjob0)
@@ -69,6 +70,9 @@ DUMMY_IF = "ftjob0"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # containerd's sandbox_image; built locally from pause.c
 NSENTER = "/usr/bin/nsenter"
 UNSHARE = "/usr/bin/unshare"
+# Where Docker looks for a registry's CA ("<host:port>/ca.crt"), read at each push: the e2e session's registry on
+# NODE_IP is trusted there for the session, and the folder removed after (leftovers reports one left).
+DOCKER_CERTS_D = Path("/etc/docker/certs.d")
 # Chains this module creates; every KUBE-*/CNI-* chain is also removed on teardown (kubelet, kube-proxy and
 # the CNI firewall plugin create them; nothing else on these machines does).
 EGRESS_CHAIN = "FTJOB-NODE-EGRESS"
@@ -606,6 +610,50 @@ def _containerd_config_digest(ref: str, node: NodeSpec) -> str | None:
     return None
 
 
+def registry_hosts_dir(spec: NodeSpec, cluster_dir: Path) -> Path:
+    """The node's containerd registry config_path: one `<host>/hosts.toml` per registry it trusts."""
+    return spec.directory(cluster_dir) / "certs.d"
+
+
+def trust_registry(cluster: LocalCluster, host: str, ca_file: Path) -> list[Path]:
+    """Make every node's containerd pull from the registry at `host` ("IP:PORT") over HTTPS, verifying it with
+    `ca_file`; returns the hosts.toml files written (under the cluster directory: removed with it)."""
+    assert cluster.directory is not None
+    written = []
+    for spec in cluster_nodes(cluster):
+        path = registry_hosts_dir(spec, cluster.directory) / host / "hosts.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(containerd_hosts_toml(host, ca_file))
+        written.append(path)
+    return written
+
+
+def forget_images(host: str, nodes: Sequence[NodeSpec]) -> list[str]:
+    """Remove from each node's store every image named under registry `host`'s address (any port): what earlier
+    sessions pulled from their registry, so that this session's pods pull again. Layers that another name still
+    holds (the cache warm-up's import) stay. Returns the names removed."""
+    address = host.rsplit(":", 1)[0]
+    removed = []
+    for spec in nodes:
+        rows = [line.split() for line in ctr("images", "ls", node=spec).stdout.decode().splitlines()[1:]]
+        names = [cols[0] for cols in rows if cols and cols[0].split("/", 1)[0].rsplit(":", 1)[0] == address]
+        if names:
+            ctr("images", "rm", "--sync", *names, check=False, node=spec)
+            removed += [f"{spec.name}: {n}" for n in names]
+    return removed
+
+
+def forget_repository(full: str, nodes: Sequence[NodeSpec]) -> list[str]:
+    """Remove every image of `full`'s repository (any tag, and the names CRI adds: stale_names) from each node."""
+    removed = []
+    for spec in nodes:
+        rows = [line.split() for line in ctr("images", "ls", node=spec).stdout.decode().splitlines()[1:]]
+        if names := stale_names(full, rows):
+            ctr("images", "rm", "--sync", *names, check=False, node=spec)
+            removed += [f"{spec.name}: {n}" for n in names]
+    return removed
+
+
 def repository_of(name: str) -> str:
     """An image name without its tag or digest: docker.io/finetune-operator/cpu for
     docker.io/finetune-operator/cpu:old and for docker.io/finetune-operator/cpu@sha256:..."""
@@ -815,7 +863,9 @@ oom_score = 0
     bin_dir = "/usr/lib/cni"
     conf_dir = "{d / "cni" / "net.d"}"
     max_conf_num = 1
-""")
+# Registries the node trusts (trust_registry writes their hosts.toml), read at each pull: a registry started after
+# containerd is trusted from its first pull.
+{containerd_cri_registry_config(registry_hosts_dir(spec, ctx.directory))}""")
 
     def program_args(self, ctx: Context) -> list[str]:
         return [f"--config={self.config}"]
@@ -1369,4 +1419,6 @@ def leftovers(directory: Path) -> list[str]:
             found += leftovers_of(spec)
     if shutil.which("nft") is not None and _run("nft", "list", "table", *NETPOL_TABLE, check=False).returncode == 0:
         found.append(f"nftables table {' '.join(NETPOL_TABLE)}")
+    if DOCKER_CERTS_D.is_dir():
+        found += [f"Docker trust {p}" for p in sorted(DOCKER_CERTS_D.glob(f"{NODE_IP}:*"))]
     return found

@@ -2,16 +2,19 @@
 bins: tools/cluster/registry) on loopback, with TLS from the cluster's CA and htpasswd (bcrypt) auth.
 
 `Registry(directory, ca_dir).start()`:
-1. issues a serving certificate for 127.0.0.1/localhost from the CA in `ca_dir` (a LocalCluster's pki/: the CA
+1. issues a serving certificate for its address (127.0.0.1 and localhost unless `address` names another of this
+   machine's addresses, such as the e2e nodes' NODE_IP) from the CA in `ca_dir` (a LocalCluster's pki/: the CA
    the cluster's clients already trust), written there as registry-serving.{crt,key};
 2. writes an htpasswd file with one bcrypt entry (user `ftjob`, a random password unless one is given) and a
-   registry configuration: filesystem storage under `directory`, TLS, htpasswd auth, deletes enabled;
-3. starts `registry serve` on a free loopback port and waits until `/v2/` answers 401 (up, and refusing
-   anonymous clients).
+   registry configuration: filesystem storage under `storage` (default `directory`/storage), TLS, htpasswd auth,
+   deletes enabled; with `collect_garbage`, runs `registry garbage-collect --delete-untagged` on that storage
+   first (a storage kept across sessions drops the builds whose tags were pushed over);
+3. starts `registry serve` on `address`:`port` (a free loopback port by default) and waits until `/v2/` answers
+   401 (up, and refusing anonymous clients).
 
 The pure functions below give what clients need to trust and log in to it: a Docker config.json `auths` entry,
 an image pull Secret (kubernetes.io/dockerconfigjson) for pods, and containerd's registry configuration (a
-`certs.d/<host>/hosts.toml` and the CRI plugin's credentials) for a node. docs/cluster.md "Registry".
+`certs.d/<host>/hosts.toml`, and the CRI plugin's config_path that points at it) for a node. docs/cluster.md "Registry".
 """
 
 from __future__ import annotations
@@ -75,6 +78,14 @@ def registry_config(
     }
 
 
+def serving_names(address: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The DNS names and IP addresses of the registry's serving certificate: the address it listens on (what
+    clients name it by), and localhost with 127.0.0.1 when that is loopback."""
+    if address == "127.0.0.1":
+        return ("localhost",), ("127.0.0.1",)
+    return (), (address,)
+
+
 def basic_auth(user: str, password: str) -> str:
     return base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -110,19 +121,13 @@ def containerd_hosts_toml(host: str, ca_file: Path | str) -> str:
     )
 
 
-def containerd_cri_registry_config(config_path: Path | str, host: str, user: str, password: str) -> str:
-    """The CRI plugin's part of containerd's config.toml (version 2, containerd 1.6): look up registry hosts
-    in `config_path` (where containerd_hosts_toml's file goes, as `<config_path>/<host>/hosts.toml`), and log in
-    to `host` with these credentials when a pod names no imagePullSecret (a pod's Secret takes precedence).
-    containerd 1.6 refuses `configs.<host>.tls` beside config_path, hence the CA lives in hosts.toml."""
-    plugin = f'plugins."{CRI_PLUGIN}".registry'
-    return (
-        f"[{plugin}]\n"
-        f"  config_path = {_toml_string(str(config_path))}\n"
-        f"[{plugin}.configs.{_toml_string(host)}.auth]\n"
-        f"  username = {_toml_string(user)}\n"
-        f"  password = {_toml_string(password)}\n"
-    )
+def containerd_cri_registry_config(config_path: Path | str) -> str:
+    """The CRI plugin's registry table in containerd's config.toml (version 2, containerd 1.6): look up registry
+    hosts in `config_path` (one `<host>/hosts.toml` each, containerd_hosts_toml's), read at every pull. No
+    credentials: a node that logged in by itself would pull for any pod, so pods authenticate with their
+    imagePullSecrets. containerd 1.6 refuses `mirrors` and `configs.<host>.tls` beside config_path, hence the CA
+    lives in hosts.toml."""
+    return f'[plugins."{CRI_PLUGIN}".registry]\n  config_path = {_toml_string(str(config_path))}\n'
 
 
 class RegistryError(RuntimeError):
@@ -139,13 +144,19 @@ class Registry:
         *,
         user: str = DEFAULT_USER,
         password: str | None = None,
+        address: str = "127.0.0.1",
         port: int | None = None,
+        storage: Path | None = None,
+        collect_garbage: bool = False,
     ) -> None:
         self.directory = directory
         self.ca_dir = ca_dir
         self.user = user
         self.password = password or secrets.token_urlsafe(18)
+        self.address = address
         self.port = port
+        self.storage = storage or directory / "storage"
+        self.collect_garbage = collect_garbage
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = directory / "registry.log"
 
@@ -153,7 +164,7 @@ class Registry:
     def host(self) -> str:
         if self.port is None:
             raise RegistryError("registry not started")
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
 
     @property
     def ca_cert(self) -> Path:
@@ -166,16 +177,17 @@ class Registry:
     def start(self, timeout: float = 60.0) -> Registry:
         binary = bins.ensure_binary("registry")
         self.directory.mkdir(parents=True, exist_ok=True)
+        dns_names, ips = serving_names(self.address)
         serving = pki.CertificateAuthority.load(self.ca_dir).issue(
-            "registry-serving", "ftjob-registry", dns_names=("localhost",), ips=("127.0.0.1",), server=True
+            "registry-serving", "ftjob-registry", dns_names=dns_names, ips=ips, server=True
         )
         htpasswd = self.directory / "htpasswd"
         htpasswd.write_text(htpasswd_entry(self.user, self.password))
         htpasswd.chmod(0o600)
         self.port = self.port or free_port()
         config = registry_config(
-            f"127.0.0.1:{self.port}",
-            self.directory / "storage",
+            self.host,
+            self.storage,
             serving.cert,
             serving.key,
             htpasswd,
@@ -188,6 +200,15 @@ class Registry:
         # collector on localhost:4318 unless told otherwise.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("REGISTRY_", "OTEL_"))}
         env["OTEL_TRACES_EXPORTER"] = "none"
+        if self.collect_garbage and (self.storage / "docker").is_dir():
+            gc = subprocess.run(
+                [str(binary), "garbage-collect", "--delete-untagged", str(config_path)],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            if gc.returncode != 0:
+                raise RegistryError(f"registry garbage-collect failed: {(gc.stderr or gc.stdout)[-2000:]}")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [str(binary), "serve", str(config_path)],
