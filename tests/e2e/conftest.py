@@ -275,6 +275,25 @@ def helm(node_cluster: NodeCluster, release: Release, *args: str) -> subprocess.
     )
 
 
+def upgrade_operator(node_cluster: NodeCluster, release: Release, *values: str) -> None:
+    """`helm upgrade` of the session's release from the same released chart, keeping its values but `values`
+    ("key=value", each a --set), and waiting for the rollout."""
+    sets = [arg for value in values for arg in ("--set", value)]
+    helm(
+        node_cluster,
+        release,
+        "upgrade",
+        RELEASE_NAME,
+        *release.helm_args(),
+        "-n",
+        OPERATOR_NS,
+        "--reuse-values",
+        *sets,
+        "--wait",
+        "--timeout=600s",
+    )
+
+
 @pytest.fixture(scope="session")
 def operator(node_cluster: NodeCluster, kubectl: Kubectl, release: Release) -> str:
     """`helm install` of the released chart from the registry, as the README's "On a cluster" says: its values name

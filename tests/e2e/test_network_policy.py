@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 import yaml
 from cluster_support import Kubectl
+from conftest import upgrade_operator
 
 from finetune_operator.api.schema import CACHE_FOLDER
-from ftjob_cluster import bins, netpolicy, node
+from ftjob_cluster import netpolicy, node
 from ftjob_cluster.localcluster import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,28 +153,13 @@ def _diagnose(kubectl: Kubectl, ns: str, cluster: Any) -> str:
     return f"{pods}\n" + "\n".join(logs) + f"\n--- agent\n{agent}\n--- nft set\n{_policed_ips()}"
 
 
-def _set_network_policy(cluster: Any, release_ns: str, enabled: bool) -> None:
+def _set_network_policy(request: pytest.FixtureRequest, enabled: bool) -> None:
     """`helm upgrade` of the session's release with only networkPolicy.enabled changed; the Deployment's config
     checksum rolls the operator pod, which reads its configuration at start."""
-    helm = bins.ensure_binary("helm")
-    subprocess.run(
-        [
-            str(helm),
-            "upgrade",
-            "ftjob",
-            str(REPO / "charts" / "finetune-operator"),
-            "-n",
-            release_ns,
-            f"--kubeconfig={cluster.kubeconfig}",
-            "--reuse-values",
-            "--set",
-            f"networkPolicy.enabled={str(enabled).lower()}",
-            "--wait",
-            "--timeout=600s",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
+    upgrade_operator(
+        request.getfixturevalue("node_cluster"),
+        request.getfixturevalue("release"),
+        f"networkPolicy.enabled={str(enabled).lower()}",
     )
 
 
@@ -223,7 +209,7 @@ def test_outsider_cannot_reach_rank0_rendezvous_port_while_the_ranks_can(request
     _skip_unless_enforcing()  # before the fixtures: no node starts on a machine that cannot enforce
     cluster = request.getfixturevalue("node_cluster")  # conftest.NodeCluster
     kubectl: Kubectl = request.getfixturevalue("kubectl")
-    release_ns: str = request.getfixturevalue("operator")
+    request.getfixturevalue("operator")  # the release the test upgrades
     ns, host = request.getfixturevalue("job_namespace")
     assert node.NetworkPolicyAgent.name in {c.name for c in cluster.cluster.components}
     scripts = host / CACHE_FOLDER / "scripts"  # /cache/scripts in the pods (the compile-cache claim's folder)
@@ -237,7 +223,7 @@ def test_outsider_cannot_reach_rank0_rendezvous_port_while_the_ranks_can(request
     assert probe == "connected", f"no policy, so the outsider must connect: {probe}\n{_diagnose(kubectl, ns, cluster)}"
     assert job["status"]["phase"] == "Succeeded", job["status"]
 
-    _set_network_policy(cluster, release_ns, True)
+    _set_network_policy(request, True)
     try:
         probe, job, ranks = _run_gated_job(kubectl, ns, host, cluster, "np-closed", outsider, policed=True)
         policy = json.loads(kubectl("-n", ns, "get", "networkpolicy", "np-closed", "-o", "json").stdout)
@@ -250,4 +236,4 @@ def test_outsider_cannot_reach_rank0_rendezvous_port_while_the_ranks_can(request
             (1, 2, 3.0, "connected"),
         ], ranks
     finally:
-        _set_network_policy(cluster, release_ns, False)  # the session's other tests run under the release as installed
+        _set_network_policy(request, False)  # the session's other tests run under the release as installed
