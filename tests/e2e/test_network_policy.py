@@ -28,7 +28,6 @@ from finetune_operator.api.schema import CACHE_FOLDER
 from ftjob_cluster import netpolicy, node
 from ftjob_cluster.localcluster import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 JOB_YAML = Path(__file__).resolve().parent / "jobs" / "netpol-gated.yaml"
 JOB_TIMEOUT = 900.0
 RENDEZVOUS_PORT = 29500  # finetune_operator.constants.MASTER_PORT, what PET_MASTER_PORT carries
