@@ -117,6 +117,10 @@ def secrets_of(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     out += _env_secrets("spec", spec)
     for i, ctr in enumerate(_dicts(_template(spec).get("initContainers"))):
         out += _env_secrets(f"spec.podTemplate.initContainers[{i}]", ctr)
+    # The kubelet reads these for the pods: registry credentials are the namespace's Secrets too.
+    for i, ref in enumerate(_dicts(_template(spec).get("imagePullSecrets"))):
+        if ref.get("name"):
+            out.append((f"spec.podTemplate.imagePullSecrets[{i}].name", str(ref["name"])))
     return out + _volume_secrets(spec)
 
 

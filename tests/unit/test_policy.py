@@ -47,6 +47,10 @@ def test_no_policy_allows_everything() -> None:
             {"env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}]},
             "spec.env[0].valueFrom.secretKeyRef.name",
         ),
+        (
+            {"podTemplate": {"imagePullSecrets": [{"name": "prod-registry"}]}},
+            "spec.podTemplate.imagePullSecrets[0].name",
+        ),
     ],
 )
 def test_each_breach_names_its_field_value_and_allowlist(spec: dict[str, Any], field: str) -> None:
