@@ -135,9 +135,10 @@ def node_cluster(request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
 
 
 @pytest.fixture(scope="session")
-def runtime_image() -> str:
-    """The cpu runtime image the node holds (FTJOB_E2E_IMAGE): any pod a test adds can run from it."""
-    return RUNTIME_IMAGE
+def runtime_image(release: Release) -> str:
+    """The released cpu runtime image, by digest: any pod a test adds runs from it, pulled with the namespace's
+    pull Secret (PULL_SECRET; job_namespace's ServiceAccount holds it)."""
+    return release.image("cpu")
 
 
 @pytest.fixture(scope="session")

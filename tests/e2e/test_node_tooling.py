@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from cluster_support import Kubectl
-from conftest import NODE_MONITOR_GRACE_S, NodeCluster
+from conftest import NODE_MONITOR_GRACE_S, PULL_SECRET, NodeCluster, Release
 
 from ftjob_cluster import bins, node
 from ftjob_cluster.localcluster import wait_for
@@ -72,9 +72,13 @@ def scratch_ns(kubectl: Kubectl) -> Iterator[str]:
         kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False, timeout=180)
 
 
-def _pinned(name: str, node_name: str, image: str, command: list[str] | None = None) -> dict[str, Any]:
-    """A one-replica Deployment whose pod runs on `node_name` only (a controller: kubectl drain evicts it)."""
-    container: dict[str, Any] = {"name": "main", "image": image, "imagePullPolicy": "Never"}
+def _pinned(
+    name: str, node_name: str, image: str, command: list[str] | None = None, pull_secret: str | None = None
+) -> dict[str, Any]:
+    """A one-replica Deployment whose pod runs on `node_name` only (a controller: kubectl drain evicts it). With
+    `pull_secret`, its image is pulled from the registry with it; without, it must be on the node already."""
+    pull = "IfNotPresent" if pull_secret else "Never"
+    container: dict[str, Any] = {"name": "main", "image": image, "imagePullPolicy": pull}
     if command:
         container |= {
             "command": command,
@@ -92,6 +96,7 @@ def _pinned(name: str, node_name: str, image: str, command: list[str] | None = N
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "nodeSelector": {"kubernetes.io/hostname": node_name},
+                    **({"imagePullSecrets": [{"name": pull_secret}]} if pull_secret else {}),
                     "terminationGracePeriodSeconds": 2,
                     "containers": [container],
                 },
@@ -170,12 +175,14 @@ def test_leftovers_names_every_host_change_of_both_nodes_while_they_run(node_clu
 
 
 def test_pods_on_the_two_nodes_reach_each_other_by_pod_ip_and_service_name(
-    node_cluster: NodeCluster, kubectl: Kubectl, scratch_ns: str, runtime_image: str
+    node_cluster: NodeCluster, kubectl: Kubectl, scratch_ns: str, runtime_image: str, release: Release
 ) -> None:
     ns = scratch_ns
+    kubectl("apply", "-f", "-", input=json.dumps(release.pull_secret(ns)))
     serve = ["python3", "-m", "http.server", "8080", "--directory", "/etc"]
     for app, where in (("on-a", node.NODE_A.name), ("on-b", node.NODE_B.name)):
-        kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(_pinned(app, where, runtime_image, serve)))
+        pinned = _pinned(app, where, runtime_image, serve, pull_secret=PULL_SECRET)
+        kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(pinned))
         kubectl("-n", ns, "expose", "deployment", app, "--port=8080")
     pods = {app: _ready_pod(kubectl, ns, app) for app in ("on-a", "on-b")}
     assert {a: p["spec"]["nodeName"] for a, p in pods.items()} == {"on-a": node.NODE_A.name, "on-b": node.NODE_B.name}

@@ -49,7 +49,9 @@ def _logfmt(line: str) -> dict[str, str]:
 
 
 def manifest_pulls(release: Release, flavor: str) -> list[dict[str, str]]:
-    """The registry's completed GETs of `flavor`'s released manifest by digest, made by containerd."""
+    """The registry's completed requests for `flavor`'s released manifest by digest, made by containerd: a GET, or a
+    HEAD alone where the node's store still held the manifest's content (the resolve of a digest reference is
+    always asked of the registry, with the pod's credentials)."""
     ref = release.image(flavor)
     repository, digest = ref.split("/", 1)[1].split("@")
     uri = f"/v2/{repository}/manifests/{digest}"
@@ -58,7 +60,7 @@ def manifest_pulls(release: Release, flavor: str) -> list[dict[str, str]]:
         rec = _logfmt(line)
         if (
             rec.get("msg") == "response completed"
-            and rec.get("http.request.method") == "GET"
+            and rec.get("http.request.method") in ("GET", "HEAD")
             and rec.get("http.request.uri") == uri
             and rec.get("http.request.useragent", "").startswith("containerd/")
         ):
