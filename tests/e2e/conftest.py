@@ -146,7 +146,8 @@ def kubectl(node_cluster: NodeCluster) -> Kubectl:
     return make_kubectl(bins.ensure_binary("kubectl"), node_cluster.kubeconfig)
 
 
-def _namespace(kubectl: Kubectl, name: str) -> None:
+def restricted_namespace(kubectl: Kubectl, name: str) -> None:
+    """Namespace `name`, Pod Security restricted enforced, once its default ServiceAccount exists."""
     labels = {"name": name, "labels": RESTRICTED}
     manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": labels}
     kubectl("apply", "-f", "-", input=json.dumps(manifest))
@@ -163,7 +164,6 @@ class Release:
 
     registry: Registry
     ca_file: Path
-    docker_config: Path  # DOCKER_CONFIG folder, logged in
     helm_registry_config: Path  # helm's registry config, logged in
     record: dict[str, Any]
 
@@ -255,7 +255,7 @@ def release(node_cluster: NodeCluster) -> Iterator[Release]:
             timeout=3600,  # a first push of the cpu image (several GB, gzip on 2 cores); later ones skip its layers
         )
         record = json.loads((out / VERSION / "release.json").read_text())
-        yield Release(registry, ca, docker_dir, helm_config, record)
+        yield Release(registry, ca, helm_config, record)
     finally:
         registry.stop()
         shutil.rmtree(docker_trust, ignore_errors=True)
@@ -299,7 +299,7 @@ def upgrade_operator(node_cluster: NodeCluster, release: Release, *values: str) 
 def operator(node_cluster: NodeCluster, kubectl: Kubectl, release: Release) -> str:
     """`helm install` of the released chart from the registry, as the README's "On a cluster" says: its values name
     the operator and runtime images by digest; the pull Secret is the release namespace's. Returns the namespace."""
-    _namespace(kubectl, OPERATOR_NS)
+    restricted_namespace(kubectl, OPERATOR_NS)
     kubectl("apply", "-f", "-", input=json.dumps(release.pull_secret(OPERATOR_NS)))
     helm(
         node_cluster,
@@ -325,7 +325,7 @@ def job_namespace(
     admission plugin copies it into every pod: the rank pods pull the runtime image with it), with claims `results`
     and `inputs` (hostPath PVs, RWX, one host directory holding examples/); yields (ns, host dir)."""
     name = f"e2e-{uuid.uuid4().hex[:6]}"
-    _namespace(kubectl, name)
+    restricted_namespace(kubectl, name)
     kubectl("apply", "-f", "-", input=json.dumps(release.pull_secret(name)))
     kubectl(
         "-n",

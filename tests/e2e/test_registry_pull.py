@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from cluster_support import Kubectl
-from conftest import OPERATOR_NS, PULL_SECRET, RESTRICTED, Release
+from conftest import OPERATOR_NS, PULL_SECRET, Release, restricted_namespace
 
 from ftjob_cluster import node
 from ftjob_cluster.localcluster import wait_for
@@ -48,38 +48,32 @@ def _logfmt(line: str) -> dict[str, str]:
     return {k: v[1:-1].replace('\\"', '"') if v.startswith('"') else v for k, v in LOGFMT.findall(line)}
 
 
+def containerd_requests(release: Release, methods: tuple[str, ...], uri_prefix: str) -> list[dict[str, str]]:
+    """The registry's completed requests by a node's containerd with one of `methods` on a URI under `uri_prefix`."""
+    return [
+        rec
+        for rec in map(_logfmt, release.registry.log_path.read_text(errors="replace").splitlines())
+        if rec.get("msg") == "response completed"
+        and rec.get("http.request.method") in methods
+        and rec.get("http.request.uri", "").startswith(uri_prefix)
+        and rec.get("http.request.useragent", "").startswith("containerd/")
+    ]
+
+
 def manifest_pulls(release: Release, flavor: str) -> list[dict[str, str]]:
     """The registry's completed requests for `flavor`'s released manifest by digest, made by containerd: a GET, or a
     HEAD alone where the node's store still held the manifest's content (the resolve of a digest reference is
     always asked of the registry, with the pod's credentials)."""
-    ref = release.image(flavor)
-    repository, digest = ref.split("/", 1)[1].split("@")
+    repository, digest = release.image(flavor).split("/", 1)[1].split("@")
     uri = f"/v2/{repository}/manifests/{digest}"
-    out = []
-    for line in release.registry.log_path.read_text(errors="replace").splitlines():
-        rec = _logfmt(line)
-        if (
-            rec.get("msg") == "response completed"
-            and rec.get("http.request.method") in ("GET", "HEAD")
-            and rec.get("http.request.uri") == uri
-            and rec.get("http.request.useragent", "").startswith("containerd/")
-        ):
-            out.append(rec)
-    return out
+    return [r for r in containerd_requests(release, ("GET", "HEAD"), uri) if r["http.request.uri"] == uri]
 
 
 def blob_fetches(release: Release, flavor: str) -> list[str]:
     """The digests of `flavor`'s blobs containerd fetched from the registry (completed GETs)."""
     repository = release.image(flavor).split("/", 1)[1].split("@")[0]
     prefix = f"/v2/{repository}/blobs/"
-    return [
-        rec["http.request.uri"][len(prefix) :]
-        for rec in map(_logfmt, release.registry.log_path.read_text(errors="replace").splitlines())
-        if rec.get("msg") == "response completed"
-        and rec.get("http.request.method") == "GET"
-        and rec.get("http.request.uri", "").startswith(prefix)
-        and rec.get("http.request.useragent", "").startswith("containerd/")
-    ]
+    return [r["http.request.uri"][len(prefix) :] for r in containerd_requests(release, ("GET",), prefix)]
 
 
 def released_layers(release: Release, flavor: str) -> list[str]:
@@ -109,17 +103,7 @@ def _pulled_events(kubectl: Kubectl, ns: str, ref: str) -> dict[str, str]:
 def pull_namespace(kubectl: Kubectl, release: Release) -> Iterator[str]:
     """A restricted namespace with the registry's pull Secret, which its default ServiceAccount does NOT hold."""
     name = f"pull-{uuid.uuid4().hex[:6]}"
-    kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": RESTRICTED}}),
-    )
-    wait_for(
-        lambda: kubectl("-n", name, "get", "sa", "default", check=False).returncode == 0,
-        timeout=60,
-        message=f"default ServiceAccount in {name}",
-    )
+    restricted_namespace(kubectl, name)
     kubectl("apply", "-f", "-", input=json.dumps(release.pull_secret(name)))
     try:
         yield name

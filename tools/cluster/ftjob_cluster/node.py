@@ -628,30 +628,35 @@ def trust_registry(cluster: LocalCluster, host: str, ca_file: Path) -> list[Path
     return written
 
 
+def _image_rows(spec: NodeSpec) -> list[list[str]]:
+    """The node store's `ctr images ls` rows (name, type, digest, ...), header dropped."""
+    return [line.split() for line in ctr("images", "ls", node=spec).stdout.decode().splitlines()[1:]]
+
+
+def _remove_images(nodes: Sequence[NodeSpec], select: Callable[[list[list[str]]], list[str]]) -> list[str]:
+    """Remove from each node's store the names `select` picks from its rows, garbage-collecting what no other name
+    holds (--sync). Returns "node: name" for each name removed."""
+    removed = []
+    for spec in nodes:
+        if names := select(_image_rows(spec)):
+            ctr("images", "rm", "--sync", *names, check=False, node=spec)
+            removed += [f"{spec.name}: {n}" for n in names]
+    return removed
+
+
 def forget_images(host: str, nodes: Sequence[NodeSpec]) -> list[str]:
     """Remove from each node's store every image named under registry `host`'s address (any port): what earlier
     sessions pulled from their registry, so that this session's pods pull again. Layers that another name still
     holds (the cache warm-up's import) stay. Returns the names removed."""
     address = host.rsplit(":", 1)[0]
-    removed = []
-    for spec in nodes:
-        rows = [line.split() for line in ctr("images", "ls", node=spec).stdout.decode().splitlines()[1:]]
-        names = [cols[0] for cols in rows if cols and cols[0].split("/", 1)[0].rsplit(":", 1)[0] == address]
-        if names:
-            ctr("images", "rm", "--sync", *names, check=False, node=spec)
-            removed += [f"{spec.name}: {n}" for n in names]
-    return removed
+    return _remove_images(
+        nodes, lambda rows: [c[0] for c in rows if c and c[0].split("/", 1)[0].rsplit(":", 1)[0] == address]
+    )
 
 
 def forget_repository(full: str, nodes: Sequence[NodeSpec]) -> list[str]:
     """Remove every image of `full`'s repository (any tag, and the names CRI adds: stale_names) from each node."""
-    removed = []
-    for spec in nodes:
-        rows = [line.split() for line in ctr("images", "ls", node=spec).stdout.decode().splitlines()[1:]]
-        if names := stale_names(full, rows):
-            ctr("images", "rm", "--sync", *names, check=False, node=spec)
-            removed += [f"{spec.name}: {n}" for n in names]
-    return removed
+    return _remove_images(nodes, lambda rows: stale_names(full, rows))
 
 
 def repository_of(name: str) -> str:
@@ -725,9 +730,7 @@ def sync_image(ref: str, nodes: Sequence[NodeSpec] = (NODE_A,)) -> list[str]:
         # The node's store lives in the cache across sessions: drop every earlier build of the repository first
         # so that its layers are garbage-collected (--sync) before the new ones arrive, instead of piling up with
         # every rebuild (several GB each: one import beside an old build filled the disk).
-        rows = [line.split() for line in ctr("images", "ls", node=node).stdout.decode().splitlines()[1:]]
-        if old := stale_names(_full_ref(ref), rows):
-            ctr("images", "rm", "--sync", *old, check=False, node=node)
+        forget_repository(_full_ref(ref), [node])
         stale.append(node)
     if not stale:
         return []
