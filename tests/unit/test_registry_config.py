@@ -90,4 +90,7 @@ def test_registry_and_prometheus_are_module_tools_pinned_by_their_go_mod() -> No
         go_mod = (tool.directory / "go.mod").read_text()
         assert f"tool {tool.package}\n" in go_mod
         assert f"\t{module} {version} " in go_mod, name
-        assert tool.bin_dir() == bins.cache_root() / tool.directory.name / version / "bin"
+        # A folder per version and build tags: checkouts that build other tags never overwrite each other's binary.
+        assert tool.bin_dir() == bins.cache_root() / tool.directory.name / "+".join((version, *tool.tags)) / "bin"
+    assert bins.MODULE_TOOLS["prometheus"].tags == ("remove_all_sd", "enable_kubernetes_sd")
+    assert bins.MODULE_TOOLS["registry"].bin_dir().parent.name == bins.REGISTRY_VERSION

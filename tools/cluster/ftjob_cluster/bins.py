@@ -140,7 +140,9 @@ class ModuleTool:
     tags: tuple[str, ...] = ()  # Go build tags (-tags)
 
     def bin_dir(self) -> Path:
-        return cache_root() / self.directory.name / self.version / "bin"
+        # Other build tags make another binary: a folder of its own (v0.316.0+remove_all_sd+...), so that two
+        # checkouts whose tags differ do not rebuild over each other's cached binary.
+        return cache_root() / self.directory.name / "+".join((self.version, *self.tags)) / "bin"
 
 
 # Kueue's controller manager (tools/cluster/kueue). tests/controlplane/test_kueue.py runs it against the
@@ -162,9 +164,10 @@ REGISTRY_VERSION = "v3.1.2"
 REGISTRY_MODULE = "github.com/distribution/distribution/v3"
 
 # Prometheus (tools/cluster/prometheus; Go module v0.316.0 is Prometheus 3.16.0): scrapes the operator in the
-# dashboard test (ftjob_cluster.prometheus). Built without the web UI's assets (upstream's `builtinassets` tag
-# embeds a UI compiled by npm) and with `remove_all_sd`: only the file and HTTP service discoveries (static
-# targets need none), not the cloud SDKs. Stamped as upstream's .promu.yml does; the date is the tag's time on
+# dashboard tests (ftjob_cluster.prometheus). Built without the web UI's assets (upstream's `builtinassets` tag
+# embeds a UI compiled by npm) and with `remove_all_sd` + `enable_kubernetes_sd`: the file, HTTP and Kubernetes
+# service discoveries (the e2e tier discovers the in-cluster operator's endpoints as a prometheus-operator's
+# scrape job does), not the cloud SDKs. Stamped as upstream's .promu.yml does; the date is the tag's time on
 # the Go proxy.
 PROMETHEUS_VERSION = "v0.316.0"
 PROMETHEUS_RELEASE = "3.16.0"
@@ -207,7 +210,7 @@ MODULE_TOOLS: dict[str, ModuleTool] = {
             f"-X github.com/prometheus/common/version.{k}={v}"
             for k, v in {"Version": PROMETHEUS_RELEASE, "Branch": "HEAD", "BuildDate": PROMETHEUS_RELEASE_DATE}.items()
         ),
-        tags=("remove_all_sd",),
+        tags=("remove_all_sd", "enable_kubernetes_sd"),
     ),
 }
 

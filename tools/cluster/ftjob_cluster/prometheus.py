@@ -2,11 +2,15 @@
 scraping targets given by a scrape configuration derived from the chart's ServiceMonitor.
 
 A prometheus-operator turns each endpoint of a ServiceMonitor into a scrape job that discovers the selected
-Service's endpoints through the API server. The control-plane tier runs the operator as a host process with no
-pod IPs to discover (and an Endpoints object may not hold a loopback address), so
-`scrape_configs_from_service_monitor` makes the equivalent job with a static target: the same job name, metrics
-path, scheme, interval, timeout and `honor_labels`, the Service's port that the endpoint names, and the target
-labels prometheus-operator's relabelling sets (`namespace`, `service`, `endpoint`, `job`).
+Service's endpoints through the API server. `discovered_scrape_configs` makes that job: Kubernetes service
+discovery (role `endpoints`, the monitor's namespaces) with prometheus-operator's relabelling (keep the Services
+whose labels match the selector and the port the endpoint names; set `namespace`, `service`, `pod`, `container`,
+`job`, `endpoint`; drop finished pods). The e2e tier scrapes the in-cluster operator pods with it. The
+control-plane tier runs the operator as a host process with no pod IPs to discover (and an Endpoints object may
+not hold a loopback address), so `scrape_configs_from_service_monitor` makes the equivalent job with a static
+target: the same job name, metrics path, scheme, interval, timeout and `honor_labels`, the Service's port that the
+endpoint names, and the target labels prometheus-operator's relabelling sets (`namespace`, `service`, `endpoint`,
+`job`).
 
 `Prometheus(directory, config).start()` runs `prometheus` on a free loopback port with its TSDB in `directory`,
 ready when /-/ready answers; `query`, `label_values` and `targets` read its HTTP API. docs/cluster.md
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import urllib.error
@@ -75,6 +80,80 @@ def scrape_configs_from_service_monitor(
             "scheme": endpoint.get("scheme", "http"),
             "honor_labels": bool(endpoint.get("honorLabels", False)),
             "static_configs": static,
+        }
+        if "interval" in endpoint:
+            job["scrape_interval"] = endpoint["interval"]
+        if "scrapeTimeout" in endpoint:
+            job["scrape_timeout"] = endpoint["scrapeTimeout"]
+        out.append(job)
+    return out
+
+
+def _meta_label(name: str) -> str:
+    """A Kubernetes label name as service discovery names it in meta labels (every other character an `_`)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def discovered_scrape_configs(monitor: Mapping[str, Any], kubeconfig: Path) -> list[dict[str, Any]]:
+    """One scrape job per ServiceMonitor endpoint, as prometheus-operator generates it for service discovery role
+    `endpoints`: the Endpoints of the monitor's namespaces, read from the API server with `kubeconfig`'s server,
+    CA and credentials, kept where the Service's labels match the selector and the port is the one named, with the
+    target labels prometheus-operator sets. (Its sharding step is left out: one Prometheus, one shard.)"""
+    spec = monitor["spec"]
+    ns, name = monitor["metadata"].get("namespace", "default"), monitor["metadata"]["name"]
+    if (spec.get("selector") or {}).get("matchExpressions"):
+        raise PrometheusError("matchExpressions in a ServiceMonitor selector are not supported here")
+    ns_selector = spec.get("namespaceSelector") or {}
+    sd: dict[str, Any] = {"role": "endpoints", "kubeconfig_file": str(kubeconfig)}
+    if not ns_selector.get("any"):
+        sd["namespaces"] = {"names": list(ns_selector.get("matchNames") or [ns])}
+    out = []
+    for index, endpoint in enumerate(spec["endpoints"]):
+        if "port" not in endpoint:
+            raise PrometheusError(f"ServiceMonitor {name} endpoint {index}: only a named `port` is supported here")
+        relabel: list[dict[str, Any]] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
+        for key, value in sorted((spec["selector"].get("matchLabels") or {}).items()):
+            label = _meta_label(key)
+            relabel.append(
+                {
+                    "action": "keep",
+                    "source_labels": [
+                        f"__meta_kubernetes_service_label_{label}",
+                        f"__meta_kubernetes_service_labelpresent_{label}",
+                    ],
+                    "regex": f"({re.escape(value)});true",
+                }
+            )
+        relabel += [
+            {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": endpoint["port"]},
+            *(
+                {
+                    "source_labels": [
+                        "__meta_kubernetes_endpoint_address_target_kind",
+                        "__meta_kubernetes_endpoint_address_target_name",
+                    ],
+                    "separator": ";",
+                    "regex": f"{kind};(.*)",
+                    "replacement": "${1}",
+                    "target_label": kind.lower(),
+                }
+                for kind in ("Node", "Pod")
+            ),
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+            {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"},
+            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"},
+            {"target_label": "endpoint", "replacement": endpoint["port"]},
+        ]
+        job: dict[str, Any] = {
+            "job_name": f"serviceMonitor/{ns}/{name}/{index}",
+            "metrics_path": endpoint.get("path", "/metrics"),
+            "scheme": endpoint.get("scheme", "http"),
+            "honor_labels": bool(endpoint.get("honorLabels", False)),
+            "kubernetes_sd_configs": [sd],
+            "relabel_configs": relabel,
         }
         if "interval" in endpoint:
             job["scrape_interval"] = endpoint["interval"]
