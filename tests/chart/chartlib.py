@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from yaml12 import load_all_documents
 
 from ftjob_cluster import bins
 
@@ -41,21 +40,8 @@ def pinned_k8s_version() -> str:
     return str(bins.K8S_VERSION)
 
 
-class Yaml12Loader(yaml.SafeLoader):
-    """SafeLoader that also reads YAML 1.2 floats such as `5e-05` (no dot), as Go's YAML (kubectl,
-    kustomize, the API server) does. PyYAML follows YAML 1.1 and would read them as strings, so a
-    CRD default re-emitted by kustomize would look different from the same default in the chart."""
-
-
-Yaml12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"),
-    list("-+0123456789."),
-)
-
-
 def load_all(text: str) -> list[Manifest]:
-    return [d for d in yaml.load_all(text, Loader=Yaml12Loader) if d]
+    return load_all_documents(text)
 
 
 def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

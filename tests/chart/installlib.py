@@ -5,9 +5,7 @@ a local process with exactly what the chart's Deployment, ConfigMap and ServiceA
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -19,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from chartlib import CHART, Yaml12Loader
+from crd_adoption import adoption_command
+from yaml12 import Yaml12Loader
 
 from ftjob_cluster.localcluster import wait_for
-
-CRD_NAME = "finetunejobs.finetune.dev"
 
 
 class Kubectl:
@@ -191,25 +188,6 @@ def wait_healthy(operator: ChartOperator, timeout: float = 90) -> None:
     wait_for(healthy, timeout=timeout, message="operator /healthz")
 
 
-# The README's command that gives an existing CRD the ownership metadata Helm needs to adopt it into a release.
-ADOPT = re.compile(r"^kubectl patch crd finetunejobs\.finetune\.dev --type merge -p '(?P<patch>.+)'$", re.M)
-
-
-def adoption_patch(release: str, namespace: str) -> dict[str, Any]:
-    """The patch of the chart README's adoption command, for this release name and namespace (the README's
-    command names the default release, finetune-operator in finetune-operator)."""
-    found = ADOPT.findall((CHART / "README.md").read_text())
-    assert len(found) == 1, f"the chart README must show the adoption command once, found {found}"
-    patch: dict[str, Any] = json.loads(found[0])
-    annotations = patch["metadata"]["annotations"]
-    assert annotations == {
-        "meta.helm.sh/release-name": "finetune-operator",
-        "meta.helm.sh/release-namespace": "finetune-operator",
-    }
-    annotations.update({"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace})
-    return patch
-
-
 def adopt_crd(kubectl: Kubectl, release: str, namespace: str) -> None:
     """Runs the chart README's adoption command for `release` in `namespace`."""
-    kubectl("patch", "crd", CRD_NAME, "--type", "merge", "-p", json.dumps(adoption_patch(release, namespace)))
+    kubectl(*adoption_command(release, namespace))

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 import yaml
 from chartlib import CHART, REPO, load_all
+from crd_adoption import CRD_NAME
 from installlib import (
-    CRD_NAME,
     ChartOperator,
     Kubectl,
     adopt_crd,

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 import yaml
 from chartlib import CHART, REPO, load_all
-from installlib import CRD_NAME, Kubectl, adopt_crd, chart_operator, wait_healthy
+from crd_adoption import CRD_NAME, NOT_ADOPTABLE, differs
+from installlib import Kubectl, adopt_crd, chart_operator, wait_healthy
 from kubernetes import config as k8s_config
 from operator_support import Kubelet, status, two_rank_job
 
@@ -38,8 +39,6 @@ pytestmark = pytest.mark.controlplane
 RELEASE = "ftup"
 FULLNAME = f"{RELEASE}-finetune-operator"
 JOB = "upgraded"
-# What Helm says when a rendered object exists without the release's ownership metadata.
-NOT_ADOPTABLE = "invalid ownership metadata"
 
 
 def load_release_tool() -> Any:
@@ -114,25 +113,6 @@ def current_crd(helm_binary: str) -> dict[str, Any]:
     assert out.returncode == 0, out.stderr
     (crd,) = load_all(out.stdout)
     return crd
-
-
-def differs(want: Any, have: Any, path: str = "") -> str | None:
-    """Where `have` lacks something of `want`, or None (the API server adds defaults: more is no difference)."""
-    if isinstance(want, dict):
-        if not isinstance(have, dict):
-            return path or "."
-        for key, value in want.items():
-            found = differs(value, have[key], f"{path}.{key}") if key in have else f"{path}.{key} (missing)"
-            if found:
-                return found
-        return None
-    if isinstance(want, list):
-        if not isinstance(have, list) or len(want) != len(have):
-            return path
-        return next(
-            (d for i, (a, b) in enumerate(zip(want, have, strict=True)) if (d := differs(a, b, f"{path}[{i}]"))), None
-        )
-    return None if want == have else f"{path}: {want!r} != {have!r}"
 
 
 def children(kubectl: Kubectl, ns: str) -> dict[str, str]:

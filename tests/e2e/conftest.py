@@ -62,6 +62,8 @@ OPERATOR_NS = "ftjob-system"
 REGISTRY_PORT = 5000
 REGISTRY_STORAGE = bins.cache_root() / "e2e-registry" / "storage"
 PULL_SECRET = "registry-pull"
+# The values the session installs its release with (`operator`), each a --set; test_upgrade upgrades with them.
+OPERATOR_VALUES = (f"operator.imagePullSecrets[0].name={PULL_SECRET}",)
 RELEASE_NAME = "ftjob"
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
@@ -89,8 +91,15 @@ class NodeCluster:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The registry's pull tests run first: they look for the session's first pulls of the released images. The
     tests that kill, drain and restart node B run last, so that every other test (test_node_tooling's check that
-    both nodes stayed Ready since they registered included) runs on nodes no test has disrupted yet."""
-    items.sort(key=lambda item: (item.path.name == "test_disruptions.py", item.path.name != "test_registry_pull.py"))
+    both nodes stayed Ready since they registered included) runs on nodes no test has disrupted yet. Just before
+    them, test_upgrade, which takes the session's release down to the previous one and upgrades it back."""
+    items.sort(
+        key=lambda item: (
+            item.path.name == "test_disruptions.py",
+            item.path.name == "test_upgrade.py",
+            item.path.name != "test_registry_pull.py",
+        )
+    )
 
 
 @pytest.fixture(scope="session")
@@ -165,6 +174,7 @@ class Release:
     registry: Registry
     ca_file: Path
     helm_registry_config: Path  # helm's registry config, logged in
+    docker_config: Path  # DOCKER_CONFIG folder, logged in (test_upgrade pushes the previous release's image)
     record: dict[str, Any]
 
     @property
@@ -255,7 +265,7 @@ def release(node_cluster: NodeCluster) -> Iterator[Release]:
             timeout=3600,  # a first push of the cpu image (several GB, gzip on 2 cores); later ones skip its layers
         )
         record = json.loads((out / VERSION / "release.json").read_text())
-        yield Release(registry, ca, helm_config, record)
+        yield Release(registry, ca, helm_config, docker_dir, record)
     finally:
         registry.stop()
         shutil.rmtree(docker_trust, ignore_errors=True)
@@ -309,8 +319,7 @@ def operator(node_cluster: NodeCluster, kubectl: Kubectl, release: Release) -> s
         *release.helm_args(),
         "-n",
         OPERATOR_NS,
-        "--set",
-        f"operator.imagePullSecrets[0].name={PULL_SECRET}",
+        *(arg for value in OPERATOR_VALUES for arg in ("--set", value)),
         "--wait",
         "--timeout=600s",  # a first start pulls and unpacks the image on 2 busy cores
     )
