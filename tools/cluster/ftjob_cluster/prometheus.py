@@ -74,19 +74,25 @@ def scrape_configs_from_service_monitor(
                     "labels": {"namespace": svc_ns, "service": svc_name, "endpoint": endpoint["port"], "job": svc_name},
                 }
             )
-        job: dict[str, Any] = {
-            "job_name": f"serviceMonitor/{ns}/{name}/{index}",
-            "metrics_path": endpoint.get("path", "/metrics"),
-            "scheme": endpoint.get("scheme", "http"),
-            "honor_labels": bool(endpoint.get("honorLabels", False)),
-            "static_configs": static,
-        }
-        if "interval" in endpoint:
-            job["scrape_interval"] = endpoint["interval"]
-        if "scrapeTimeout" in endpoint:
-            job["scrape_timeout"] = endpoint["scrapeTimeout"]
-        out.append(job)
+        out.append(_scrape_job(ns, name, index, endpoint, static_configs=static))
     return out
+
+
+def _scrape_job(ns: str, name: str, index: int, endpoint: Mapping[str, Any], **targets: Any) -> dict[str, Any]:
+    """The scrape job prometheus-operator names and configures for endpoint `index` of ServiceMonitor ns/name (path,
+    scheme, honour labels, interval, timeout), with `targets` (static or discovered) added."""
+    job: dict[str, Any] = {
+        "job_name": f"serviceMonitor/{ns}/{name}/{index}",
+        "metrics_path": endpoint.get("path", "/metrics"),
+        "scheme": endpoint.get("scheme", "http"),
+        "honor_labels": bool(endpoint.get("honorLabels", False)),
+        **targets,
+    }
+    if "interval" in endpoint:
+        job["scrape_interval"] = endpoint["interval"]
+    if "scrapeTimeout" in endpoint:
+        job["scrape_timeout"] = endpoint["scrapeTimeout"]
+    return job
 
 
 def _meta_label(name: str) -> str:
@@ -147,19 +153,7 @@ def discovered_scrape_configs(monitor: Mapping[str, Any], kubeconfig: Path) -> l
             {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"},
             {"target_label": "endpoint", "replacement": endpoint["port"]},
         ]
-        job: dict[str, Any] = {
-            "job_name": f"serviceMonitor/{ns}/{name}/{index}",
-            "metrics_path": endpoint.get("path", "/metrics"),
-            "scheme": endpoint.get("scheme", "http"),
-            "honor_labels": bool(endpoint.get("honorLabels", False)),
-            "kubernetes_sd_configs": [sd],
-            "relabel_configs": relabel,
-        }
-        if "interval" in endpoint:
-            job["scrape_interval"] = endpoint["interval"]
-        if "scrapeTimeout" in endpoint:
-            job["scrape_timeout"] = endpoint["scrapeTimeout"]
-        out.append(job)
+        out.append(_scrape_job(ns, name, index, endpoint, kubernetes_sd_configs=[sd], relabel_configs=relabel))
     return out
 
 
