@@ -52,12 +52,10 @@ def operator(
     print(f"operator log: {log}")
 
 
-@pytest.fixture
-def queue(operator: Path, kubectl: Any, namespace: str, wait_for: Any) -> Iterator[str]:
-    """A ResourceFlavor, a ClusterQueue with QUOTA (for this namespace only) and a LocalQueue `lq`."""
-    cq = f"cq-{namespace}"[:63]
-    objs = [
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default"}},
+def namespace_queues(cq: str, lq: str, namespace: str, quota: dict[str, str]) -> list[dict[str, Any]]:
+    """ClusterQueue `cq` for `namespace` alone, with `quota` of flavor `default`, and LocalQueue `lq` into it."""
+    resources = [{"name": k, "nominalQuota": v} for k, v in sorted(quota.items())]
+    return [
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "ClusterQueue",
@@ -65,25 +63,25 @@ def queue(operator: Path, kubectl: Any, namespace: str, wait_for: Any) -> Iterat
             "spec": {
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
                 "resourceGroups": [
-                    {
-                        "coveredResources": sorted(QUOTA),
-                        "flavors": [
-                            {
-                                "name": "default",
-                                "resources": [{"name": k, "nominalQuota": v} for k, v in sorted(QUOTA.items())],
-                            }
-                        ],
-                    }
+                    {"coveredResources": sorted(quota), "flavors": [{"name": "default", "resources": resources}]}
                 ],
             },
         },
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "LocalQueue",
-            "metadata": {"name": "lq", "namespace": namespace},
+            "metadata": {"name": lq, "namespace": namespace},
             "spec": {"clusterQueue": cq},
         },
     ]
+
+
+@pytest.fixture
+def queue(operator: Path, kubectl: Any, namespace: str, wait_for: Any) -> Iterator[str]:
+    """A ResourceFlavor, a ClusterQueue with QUOTA (for this namespace only) and a LocalQueue `lq`."""
+    cq = f"cq-{namespace}"[:63]
+    flavor = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default"}}
+    objs = [flavor, *namespace_queues(cq, "lq", namespace, QUOTA)]
     kubectl("apply", "-f", "-", input="\n---\n".join(job_yaml(o) for o in objs))
     active = "jsonpath={.status.conditions[?(@.type=='Active')].status}"
     wait_for(
@@ -602,6 +600,22 @@ def test_with_wait_for_pods_ready_a_job_is_pods_ready_restarts_and_succeeds_with
         assert status(kube_api, ns, "steady")["restartCount"] == 1
 
 
+def waiting_big_job(kubectl: Any, kube_api: client.ApiClient, ns: str, queue: str, wait_for: Any) -> None:
+    """Job `big` (4 pods of 2 CPUs, more than the 6 CPUs of the test's ClusterQueue) applied in `queue`, once it is
+    Queued and its Workload has no quota reserved."""
+    big = queued_job("big", queue)
+    big["spec"]["hardware"]["nodes"] = 4
+    kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(big))
+    wait_for(
+        lambda: (
+            status(kube_api, ns, "big").get("phase") == "Queued"
+            and (condition(workload(kube_api, ns, "big"), "QuotaReserved") or {}).get("status") == "False"
+        ),
+        timeout=120,
+        message=f"big Queued in {queue}, its Workload pending",
+    )
+
+
 def test_removing_the_queue_name_deletes_the_waiting_workload_and_the_job_runs_unqueued(
     queue: str, kubectl: Any, kube_api: client.ApiClient, kubelet: Kubelet, namespace: str, wait_for: Any, explain: Any
 ) -> None:
@@ -609,18 +623,7 @@ def test_removing_the_queue_name_deletes_the_waiting_workload_and_the_job_runs_u
     Workload goes, so Kueue can never admit it later and hold quota for a job that no longer waits for it."""
     with explain():
         ns = namespace
-        big = queued_job("big", queue)
-        big["spec"]["hardware"]["nodes"] = 4
-        kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(big))
-        wait_for(
-            lambda: (
-                status(kube_api, ns, "big").get("phase") == "Queued"
-                and (condition(w := workload(kube_api, ns, "big"), "QuotaReserved") or {}).get("status") == "False"
-                and w
-            ),
-            timeout=120,
-            message="big Queued, its Workload pending",
-        )
+        waiting_big_job(kubectl, kube_api, ns, queue, wait_for)
         kubectl(
             "patch",
             "-n",
@@ -650,50 +653,10 @@ def test_a_queue_name_changed_while_waiting_moves_the_job_to_the_new_queue(
     with explain():
         ns = namespace
         cq = f"cq-big-{namespace}"[:63]
-        objs = [
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ClusterQueue",
-                "metadata": {"name": cq},
-                "spec": {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["cpu", "memory"],
-                            "flavors": [
-                                {
-                                    "name": "default",
-                                    "resources": [
-                                        {"name": "cpu", "nominalQuota": "16"},
-                                        {"name": "memory", "nominalQuota": "64Gi"},
-                                    ],
-                                }
-                            ],
-                        }
-                    ],
-                },
-            },
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "LocalQueue",
-                "metadata": {"name": "lq-big", "namespace": namespace},
-                "spec": {"clusterQueue": cq},
-            },
-        ]
+        objs = namespace_queues(cq, "lq-big", namespace, {"cpu": "16", "memory": "64Gi"})
         kubectl("apply", "-f", "-", input="\n---\n".join(job_yaml(o) for o in objs))
         try:
-            big = queued_job("big", queue)
-            big["spec"]["hardware"]["nodes"] = 4
-            kubectl("apply", "-n", ns, "-f", "-", input=job_yaml(big))
-            wait_for(
-                lambda: (
-                    status(kube_api, ns, "big").get("phase") == "Queued"
-                    and (condition(w := workload(kube_api, ns, "big"), "QuotaReserved") or {}).get("status") == "False"
-                    and w
-                ),
-                timeout=120,
-                message="big Queued in lq, its Workload pending",
-            )
+            waiting_big_job(kubectl, kube_api, ns, queue, wait_for)
             old = workload(kube_api, ns, "big")
             assert old is not None and old["spec"]["queueName"] == queue
             kubectl(
