@@ -174,23 +174,13 @@ class Kube:
         patch: bool = False,
         content_type: str | None = None,
         timeout: float | None = None,
+        guarded: bool = True,
     ) -> bytes:
-        """One request (a write only past the guard); the raw answer."""
-        if self.guard is not None and method != "GET":
+        """One request; the raw answer. A write passes the guard first unless `guarded` is False (the Lease's own
+        requests: renewing is what keeps the guard open). A status outside 2xx raises ApiException, as the generated
+        client does."""
+        if guarded and self.guard is not None and method != "GET":
             self.guard()
-        return self._send(method, path, body, query, patch, content_type, timeout)
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        query: dict[str, Any] | None = None,
-        patch: bool = False,
-        content_type: str | None = None,
-        timeout: float | None = None,
-    ) -> bytes:
-        """One request; the raw answer. A status outside 2xx raises ApiException, as the generated client does."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or ("application/merge-patch+json" if patch else "application/json")
@@ -427,11 +417,11 @@ class Kube:
             log.warning("could not post event %s for %s: %s", reason, meta["name"], e.reason)
 
     # -- the leader election's Lease (leader.py) ----------------------------------------------------------------
-    # Sent straight (`_send`), never through the guard: renewing is what keeps the guard open. Each has a timeout,
+    # Sent with guarded=False, never through the guard: renewing is what keeps the guard open. Each has a timeout,
     # so a leader's renewal comes back by its deadline.
     def get_lease(self, ns: str, name: str, timeout: float) -> dict[str, Any] | None:
         try:
-            out: dict[str, Any] = json.loads(self._send("GET", _lease_path(ns, name), timeout=timeout))
+            out: dict[str, Any] = json.loads(self._call("GET", _lease_path(ns, name), timeout=timeout, guarded=False))
             return out
         except ApiException as e:
             if e.status == 404:
@@ -441,7 +431,7 @@ class Kube:
     def create_lease(self, lease: dict[str, Any], timeout: float) -> dict[str, Any] | None:
         try:
             out: dict[str, Any] = json.loads(
-                self._send("POST", _lease_path(lease["metadata"]["namespace"]), lease, timeout=timeout)
+                self._call("POST", _lease_path(lease["metadata"]["namespace"]), lease, timeout=timeout, guarded=False)
             )
             return out
         except ApiException as e:
@@ -454,7 +444,7 @@ class Kube:
         meta = lease["metadata"]
         try:
             out: dict[str, Any] = json.loads(
-                self._send("PUT", _lease_path(meta["namespace"], meta["name"]), lease, timeout=timeout)
+                self._call("PUT", _lease_path(meta["namespace"], meta["name"]), lease, timeout=timeout, guarded=False)
             )
             return out
         except ApiException as e:

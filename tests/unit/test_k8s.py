@@ -32,6 +32,8 @@ class Transport:
         query: dict[str, Any] | None = None,
         patch: bool = False,
         content_type: str | None = None,
+        timeout: float | None = None,
+        guarded: bool = True,
     ) -> bytes:
         self.requests.append((method, path, body, content_type))
         answer = self.answers.get((method, path), {})

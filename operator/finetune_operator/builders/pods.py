@@ -136,21 +136,26 @@ def scheduling(job: dict[str, Any], layout: Layout, role: str) -> dict[str, Any]
     return out
 
 
+# Pod role -> what Kueue's admission places on that role's pods (builders.flavors); None without a queue.
+Placements = Mapping[str, Placement] | None
+
+
 def _pod(
     job: dict[str, Any],
     layout: Layout,
     names: Names,
     *,
-    name: str,
     role: str,
     rank: int | None,
     attempt: int,
     image: str,
     containers: list[dict[str, Any]],
     init_containers: list[dict[str, Any]],
-    scheduling: dict[str, Any],
+    placements: Placements,
 ) -> dict[str, Any]:
+    """The pod of `rank` (the launcher's when None) in `role`."""
     spec = job["spec"]
+    name = names.launcher if rank is None else names.rank_pod(rank)
     meta_labels = labels(names, role, rank)
     meta_labels[c.LABEL_ATTEMPT] = str(attempt)
     vols, mounts = _volumes(job, layout, names, role)
@@ -174,7 +179,7 @@ def _pod(
         "automountServiceAccountToken": False,  # pods report progress through logs, never the API
         "enableServiceLinks": False,
         "securityContext": pod_sec,
-        **scheduling,
+        **_placed(job, layout, role, placements),
         "initContainers": init_containers,
         "containers": containers,
         "volumes": vols,
@@ -208,10 +213,6 @@ def _resources(layout: Layout) -> dict[str, Any]:
     if layout.limits:
         out["limits"] = dict(layout.limits)
     return out
-
-
-# Pod role -> what Kueue's admission places on that role's pods (builders.flavors); None without a queue.
-Placements = Mapping[str, Placement] | None
 
 
 def _placed(job: dict[str, Any], layout: Layout, role: str, placements: Placements) -> dict[str, Any]:
@@ -268,14 +269,13 @@ def torchrun_pods(
                 job,
                 layout,
                 names,
-                name=names.rank_pod(i),
                 role=c.ROLE_RANK,
                 rank=i,
                 attempt=attempt,
                 image=image,
                 containers=[trainer],
                 init_containers=init,
-                scheduling=_placed(job, layout, c.ROLE_RANK, placements),
+                placements=placements,
             )
         )
     return pods
@@ -301,14 +301,13 @@ def mpi_pods(
                 job,
                 layout,
                 names,
-                name=names.rank_pod(i),
                 role=c.ROLE_WORKER,
                 rank=i,
                 attempt=attempt,
                 image=image,
                 containers=[sshd],
                 init_containers=[],
-                scheduling=_placed(job, layout, c.ROLE_WORKER, placements),
+                placements=placements,
             )
         )
     # The launcher's own name first: the workers' proxies resolve it through the same cluster DNS.
@@ -348,14 +347,13 @@ def mpi_pods(
             job,
             layout,
             names,
-            name=names.launcher,
             role=c.ROLE_LAUNCHER,
             rank=None,
             attempt=attempt,
             image=image,
             containers=[launcher],
             init_containers=init,
-            scheduling=_placed(job, layout, c.ROLE_LAUNCHER, placements),
+            placements=placements,
         )
     )
     return pods
