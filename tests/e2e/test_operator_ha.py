@@ -187,22 +187,27 @@ def test_leader_pod_deleted_twice_mid_training_another_replica_takes_over_and_th
         creates_before = _creates(kubectl)
         assert creates_before.get("201", 0) > 0, creates_before  # the counter is read (pods were created)
 
-        for mode, flags, injection in [
+        # Each row is declared by a literal `disruption("…")` call: tests/unit/test_reliability.py reads the
+        # modes the e2e tests record that way, to find a committed row no test measures any more.
+        for row, flags in [
             (
-                "operator leader pod deleted (2 replicas)",
+                reliability.disruption(
+                    "operator leader pod deleted (2 replicas)",
+                    "`kubectl delete pod` of the operator pod holding the Lease mid-training (SIGTERM: it releases the "
+                    "Lease as it stops); chart defaults: lease 15 s, renew deadline 10 s, retry 2 s",
+                ),
                 ["--wait=false"],
-                "`kubectl delete pod` of the operator pod holding the Lease mid-training (SIGTERM: it releases the "
-                "Lease as it stops); chart defaults: lease 15 s, renew deadline 10 s, retry 2 s",
             ),
             (
-                "operator leader pod force-deleted (2 replicas)",
+                reliability.disruption(
+                    "operator leader pod force-deleted (2 replicas)",
+                    "`kubectl delete pod --grace-period=0 --force` of the new leader once the replacement stood by: "
+                    "the pod object gone at once, the kubelet stopping its container (SIGTERM, minimum grace: the "
+                    "Lease is released here too)",
+                ),
                 ["--grace-period=0", "--force", "--wait=false"],
-                "`kubectl delete pod --grace-period=0 --force` of the new leader once the replacement stood by: the "
-                "pod object gone at once, the kubelet stopping its container (SIGTERM, minimum grace: the Lease "
-                "is released here too)",
             ),
         ]:
-            row = reliability.disruption(mode, injection)
             leader, standby = wait_for(
                 lambda: _two_standing(kubectl, lease), timeout=300, interval=1.0, message="a leader and a standby"
             )
@@ -247,7 +252,7 @@ def test_leader_pod_deleted_twice_mid_training_another_replica_takes_over_and_th
             assert st["phase"] == "Running" and st.get("restartCount", 0) == 0, st
             assert _children(kubectl, ns, uid) == children, "the new leader replaced a child of the running job"
             print(
-                f"[ftjob-e2e] {mode}: {who} held the Lease {took:.1f} s after the deletion, its first pass "
+                f"[ftjob-e2e] {row.mode}: {who} held the Lease {took:.1f} s after the deletion, its first pass "
                 f"after {first_pass:.1f} s (training at step {step})",
                 flush=True,
             )
