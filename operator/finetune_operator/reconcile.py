@@ -442,21 +442,22 @@ class Pass:
         """Whether the job controls `obj` (its controller owner reference carries the job's uid)."""
         return controller_uid(obj) == str(owner_reference(self.job)["uid"])
 
-    def clean_up_finished(self) -> None:
+    def clean_up_finished(self, grace: int | None = None) -> None:
         """A finished job keeps nothing running; its finished pods stay for their logs unless cleanPodPolicy
-        is All."""
+        is All. `grace`: the running pods' gracePeriodSeconds (None: their own)."""
         keep_finished = self.run_policy.get("cleanPodPolicy", "Running") == "Running"
-        self.delete([p for p in self.live if not (keep_finished and _phase(p) in TERMINAL)])
+        self.delete([p for p in self.live if not (keep_finished and _phase(p) in TERMINAL)], grace)
 
-    def finish(self, phase: str, reason: str, message: str) -> Plan:
-        """The pass that ends the job: Succeeded or Failed, with its conditions, clean-up and TTL timer."""
+    def finish(self, phase: str, reason: str, message: str, grace: int | None = None) -> Plan:
+        """The pass that ends the job: Succeeded or Failed, with its conditions, clean-up (what still runs deleted
+        with `grace`, None: the pods' own) and TTL timer."""
         st, now = self.status, self.now
         self.transition(phase, reason, message)
         st["completionTime"] = iso(now)
         set_condition(st, "Running", False, reason, message, now)
         set_condition(st, "Restarting", False, reason, message, now)
         set_condition(st, phase, True, reason, message, now)
-        self.clean_up_finished()
+        self.clean_up_finished(grace)
         self.finish_workload(phase, message)
         ttl = self.run_policy.get("ttlSecondsAfterFinished")
         if ttl is not None:
@@ -650,7 +651,11 @@ def group_failure(p: Pass) -> Plan | None:
         return _restart(p, f, msg, grace=None if f["reason"] == "Deleted" else FAILED_GROUP_GRACE_S)
     # The container's own terminated.reason (set by the kubelet), not text from its message.
     reason = "OOMKilled" if f.get("reason") == "OOMKilled" else "BackoffLimitExceeded"
-    return p.finish("Failed", reason, f"{text}\nbackoffLimit {limit} reached")
+    # As for a restart, what is left of a group that cannot save gets FAILED_GROUP_GRACE_S: a hung rank that
+    # ignores SIGTERM would otherwise hold its node's devices for the whole grace period after the job Failed, and
+    # Kueue has released the job's quota by then.
+    grace = None if f["reason"] == "Deleted" else FAILED_GROUP_GRACE_S
+    return p.finish("Failed", reason, f"{text}\nbackoffLimit {limit} reached", grace)
 
 
 def _restart(p: Pass, f: dict[str, Any], msg: str, grace: int | None) -> Plan:

@@ -453,6 +453,29 @@ def test_silence_past_the_progress_deadline_restarts_the_group_as_hung_naming_th
     assert plan.grace == {"j-rank-0": rec.FAILED_GROUP_GRACE_S, "j-rank-1": rec.FAILED_GROUP_GRACE_S}
 
 
+def test_a_hang_at_the_backoff_limit_fails_the_job_and_ends_its_pods_with_the_failed_group_grace() -> None:
+    """The hung rank may ignore SIGTERM: its pods must not keep their nodes for their own grace period (sized for a
+    checkpoint the group cannot make) once the job has Failed and Kueue has released its quota."""
+    st = {"phase": "Running", "progress": {"step": 12}, "lastProgressTime": "2026-12-02T10:00:00Z"}
+    j = job(st, backoffLimit=0, progressDeadlineSeconds=60, terminationGracePeriodSeconds=900)
+    plan = rec.reconcile(j, observe(two_nodes(), {}, T0 + timedelta(seconds=60)))
+    assert (plan.status["phase"], plan.status["reason"]) == ("Failed", "BackoffLimitExceeded")
+    assert plan.status["failures"][-1]["reason"] == "Hung"
+    assert sorted(plan.delete_pods) == ["j-rank-0", "j-rank-1"]
+    assert plan.grace == {"j-rank-0": rec.FAILED_GROUP_GRACE_S, "j-rank-1": rec.FAILED_GROUP_GRACE_S}
+
+
+def test_a_deleted_rank_at_the_backoff_limit_leaves_the_rest_of_its_group_its_own_grace_to_save() -> None:
+    """A deletion's SIGTERM makes the whole group save its step, whether it restarts or, here, ends Failed."""
+    pods = [
+        on(pod("j-rank-0", "Running", rank=0), "node-a"),
+        on(pod("j-rank-1", "Running", rank=1, deleting=True), "node-b"),
+    ]
+    plan = rec.reconcile(job({"phase": "Running"}, backoffLimit=0), observe(pods, {}, T0))
+    assert (plan.status["phase"], plan.status["failures"][-1]["reason"]) == ("Failed", "Deleted")
+    assert plan.delete_pods == ["j-rank-0"] and plan.grace == {}
+
+
 def test_no_hang_before_the_attempts_first_progress_line_or_outside_running() -> None:
     """Data preparation and compilation print nothing; the precompile trial is not training."""
     first = job({"phase": "Running", "progress": {"step": 12}}, progressDeadlineSeconds=60)
