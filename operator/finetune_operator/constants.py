@@ -79,3 +79,9 @@ LEASE_DURATION_S: Final = 15.0
 RENEW_DEADLINE_S: Final = 10.0
 RETRY_PERIOD_S: Final = 2.0
 LEASE_NAME: Final = "finetune-operator"  # --leader-elect-resource-name; the chart passes the release's full name
+
+# Seconds the rest of a failed group gets to end (a deletion's gracePeriodSeconds) instead of the pods' own
+# terminationGracePeriodSeconds, which is sized for a checkpoint: a group that lost a rank, its node or its progress
+# cannot save one (every rank takes part in a save), and waiting for its hung collectives would only delay the
+# restart, or keep a Failed job's nodes. reconcile applies it; the schema's description of the field states it.
+FAILED_GROUP_GRACE_S: Final = 10

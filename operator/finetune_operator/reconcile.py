@@ -47,7 +47,7 @@ class Plan:
     # has shown yet has no uid here and is deleted by the pass its watch event wakes.
     pod_uids: dict[str, str] = field(default_factory=dict)
     # name -> gracePeriodSeconds for the pods in delete_pods that do not get their own terminationGracePeriodSeconds:
-    # 0 (a force delete) on a lost node, whose kubelet can never confirm the pod's end; FAILED_GROUP_GRACE_S for
+    # 0 (a force delete) on a lost node, whose kubelet can never confirm the pod's end; c.FAILED_GROUP_GRACE_S for
     # the rest of a group that failed, which can save nothing (its collectives lost a member).
     grace: dict[str, int] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
@@ -273,11 +273,6 @@ DRAINED_HINT = (
     "the pod was evicted through the eviction API (a node drain: kubectl drain, a Spot interruption handler, "
     "Karpenter); its ranks save a checkpoint of the current step before they exit"
 )
-# Seconds the rest of a failed group gets to end (a deletion's gracePeriodSeconds) instead of the pods' own
-# terminationGracePeriodSeconds, which is sized for a checkpoint: a group that lost a rank, its node or its
-# progress cannot save one (every rank takes part in a save), and waiting for its hung collectives would only
-# delay the restart.
-FAILED_GROUP_GRACE_S = 10
 
 
 def _failure(pod: dict[str, Any], attempt: int) -> dict[str, Any]:
@@ -648,13 +643,13 @@ def group_failure(p: Pass) -> Plan | None:
         )
         # A deleted rank's SIGTERM makes the whole group save its step (as a drain's does); any other failure
         # left the group unable to save.
-        return _restart(p, f, msg, grace=None if f["reason"] == "Deleted" else FAILED_GROUP_GRACE_S)
+        return _restart(p, f, msg, grace=None if f["reason"] == "Deleted" else c.FAILED_GROUP_GRACE_S)
     # The container's own terminated.reason (set by the kubelet), not text from its message.
     reason = "OOMKilled" if f.get("reason") == "OOMKilled" else "BackoffLimitExceeded"
-    # As for a restart, what is left of a group that cannot save gets FAILED_GROUP_GRACE_S: a hung rank that
+    # As for a restart, what is left of a group that cannot save gets c.FAILED_GROUP_GRACE_S: a hung rank that
     # ignores SIGTERM would otherwise hold its node's devices for the whole grace period after the job Failed, and
     # Kueue has released the job's quota by then.
-    grace = None if f["reason"] == "Deleted" else FAILED_GROUP_GRACE_S
+    grace = None if f["reason"] == "Deleted" else c.FAILED_GROUP_GRACE_S
     return p.finish("Failed", reason, f"{text}\nbackoffLimit {limit} reached", grace)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from ftjobs import load_sample, make_job
 
+from finetune_operator import constants as c
 from finetune_operator import reconcile as rec
 from finetune_operator.admission import validate
 from finetune_operator.builders import SshKeys
@@ -186,7 +187,7 @@ def test_group_failure_restarts_every_rank_while_restarts_remain() -> None:
         "logTail": "",
         "time": "2026-12-02T10:00:00Z",
     }
-    assert plan.grace == {"j-rank-0": rec.FAILED_GROUP_GRACE_S, "j-rank-1": rec.FAILED_GROUP_GRACE_S}
+    assert plan.grace == {"j-rank-0": c.FAILED_GROUP_GRACE_S, "j-rank-1": c.FAILED_GROUP_GRACE_S}
 
 
 def test_oom_reason_comes_from_the_container_state_not_its_message() -> None:
@@ -329,7 +330,7 @@ def test_a_node_not_ready_is_waited_for_then_its_pods_are_force_deleted_and_the_
     assert (f["reason"], f["node"], f["pod"], f["rank"]) == ("NodeLost", "node-b", "j-rank-1", 1)
     assert "runPolicy.nodeLossSeconds=60" in f["logTail"] and "on node node-b" in st["message"]
     # The lost node's pod can never end gracefully: force-deleted; the survivor cannot save (its group lost a rank).
-    assert plan.grace == {"j-rank-1": 0, "j-rank-0": rec.FAILED_GROUP_GRACE_S}
+    assert plan.grace == {"j-rank-1": 0, "j-rank-0": c.FAILED_GROUP_GRACE_S}
     assert next(x for x in st["conditions"] if x["type"] == "NodeLost")["status"] == "False"
 
 
@@ -450,7 +451,7 @@ def test_silence_past_the_progress_deadline_restarts_the_group_as_hung_naming_th
     assert (f["reason"], f["pod"], f["rank"], f["step"]) == ("Hung", "j-rank-0", 0, 12)
     assert "progressDeadlineSeconds=60" in f["logTail"] and "step 12" in f["logTail"]
     assert "lastProgressTime" not in plan.status  # the next attempt's deadline starts at its own first line
-    assert plan.grace == {"j-rank-0": rec.FAILED_GROUP_GRACE_S, "j-rank-1": rec.FAILED_GROUP_GRACE_S}
+    assert plan.grace == {"j-rank-0": c.FAILED_GROUP_GRACE_S, "j-rank-1": c.FAILED_GROUP_GRACE_S}
 
 
 def test_a_hang_at_the_backoff_limit_fails_the_job_and_ends_its_pods_with_the_failed_group_grace() -> None:
@@ -462,7 +463,7 @@ def test_a_hang_at_the_backoff_limit_fails_the_job_and_ends_its_pods_with_the_fa
     assert (plan.status["phase"], plan.status["reason"]) == ("Failed", "BackoffLimitExceeded")
     assert plan.status["failures"][-1]["reason"] == "Hung"
     assert sorted(plan.delete_pods) == ["j-rank-0", "j-rank-1"]
-    assert plan.grace == {"j-rank-0": rec.FAILED_GROUP_GRACE_S, "j-rank-1": rec.FAILED_GROUP_GRACE_S}
+    assert plan.grace == {"j-rank-0": c.FAILED_GROUP_GRACE_S, "j-rank-1": c.FAILED_GROUP_GRACE_S}
 
 
 def test_a_deleted_rank_at_the_backoff_limit_leaves_the_rest_of_its_group_its_own_grace_to_save() -> None:

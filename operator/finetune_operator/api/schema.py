@@ -506,7 +506,9 @@ RUN_POLICY = _o(
             "The pods' termination grace period: on a drain, an eviction or a deletion the runtime saves a "
             "checkpoint of the current step within it and exits (docs/runtime.md); the kubelet kills what is "
             "left when it ends. The default fits a small model's checkpoint and AWS's 2-minute Spot notice; "
-            "raise it for checkpoints that take longer to write.",
+            "raise it for checkpoints that take longer to write. A group that failed otherwise (a rank crashed or "
+            f"hung, a node was lost) cannot save: what is left of it gets {c.FAILED_GROUP_GRACE_S} s, whether it "
+            "restarts or the job ends.",
             minimum=0,
             maximum=3600,
             default=120,
