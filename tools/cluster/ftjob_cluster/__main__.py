@@ -4,7 +4,8 @@ bin NAME...      print absolute paths of pinned binaries, fetching/building them
                  `bin training-operator` the Kubeflow peer of make bench-peer, `bin registry` and
                  `bin prometheus` the registry and Prometheus of the test tooling)
 build [--node]   fetch kubectl/helm and build etcd + control plane (--node: kubelet, kube-proxy, CoreDNS,
-                 and kube-network-policies where the kernel can run it; never Kueue: `make kueue-bin`)
+                 and kube-network-policies where the kernel can run it, instead; --with-node: both, the node's
+                 where this machine could run one; never Kueue: `make kueue-bin`)
 node-check       say whether this machine can run a node
 up --dir DIR     start a control plane that keeps running after this command exits; --node auto|on adds
                  nodes (kubelet, containerd, kube-proxy each; CoreDNS) when this machine can run them,
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,21 +34,51 @@ def _cmd_bin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_groups() -> list[str]:
+    from ftjob_cluster.netpolicy import network_policy_unavailable_reason
+
+    groups = ["node", "coredns"]
+    # ~20 min of a loaded 2-core machine for an agent that could not run here: say so instead.
+    if (reason := network_policy_unavailable_reason()) is None:
+        groups.append("netpol")
+    else:
+        print(f"kube-network-policies not built (`bin kube-network-policies` builds it anyway): {reason}")
+    return groups
+
+
+def _node_possible() -> bool:
+    from ftjob_cluster.node import machine_reason
+
+    if (reason := machine_reason()) is not None:
+        print(f"node binaries not built (no node can run here): {reason}")
+    return reason is None
+
+
+def _shared_gocache() -> tempfile.TemporaryDirectory[str]:
+    """A Go build cache for the groups of one `build`, removed when it ends; one that a killed `build` left (its pid
+    in the name no longer runs) is removed first: it is gigabytes."""
+    parent = bins.bin_dir().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.glob(".gocache-shared-*"):
+        pid = stale.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
+    return tempfile.TemporaryDirectory(dir=parent, prefix=f".gocache-shared-{os.getpid()}-")
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
     bins.fetch_client_binaries(force=args.force)
-    groups = ["node", "coredns"] if args.node else ["control-plane"]
-    if args.node:
-        from ftjob_cluster.netpolicy import network_policy_unavailable_reason
-
-        # ~20 min of a loaded 2-core machine for an agent that could not run here: say so instead.
-        if (reason := network_policy_unavailable_reason()) is None:
-            groups.append("netpol")
-        else:
-            print(f"kube-network-policies not built (`bin kube-network-policies` builds it anyway): {reason}")
-    for group in groups:
-        result = bins.build_go_binaries(force=args.force, group=group)
-        if result is not None:
-            print(f"go build of {group} took {result.seconds:.0f} s")
+    groups = [] if args.node else ["control-plane"]
+    if args.node or (args.with_node and _node_possible()):
+        groups += _node_groups()
+    # One Go build cache for the groups of this command: the kubelet's build compiles mostly what the control
+    # plane's did (the same k8s.io modules), so after it the node group takes seconds instead of minutes
+    # (docs/cluster.md, "Build cost").
+    with _shared_gocache() as shared:
+        for group in groups:
+            result = bins.build_go_binaries(force=args.force, group=group, gocache=Path(shared))
+            if result is not None:
+                print(f"go build of {group} took {result.seconds:.0f} s")
     for group in groups:
         for name in bins.go_builds()[group].packages:
             print(bins.ensure_binary(name))
@@ -147,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("build", help="fetch kubectl/helm and build etcd + control plane into the cache")
     p.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
     p.add_argument("--node", action="store_true", help="build the node's kubelet, kube-proxy and CoreDNS instead")
+    p.add_argument(
+        "--with-node",
+        action="store_true",
+        help="build the node's binaries too, sharing one Go build cache, where a node could run (root, cgroups)",
+    )
     p.set_defaults(func=_cmd_build)
     p = sub.add_parser(
         "node-check", help="say whether this machine can run a node (exit 1 and why if not; 2 while one runs)"

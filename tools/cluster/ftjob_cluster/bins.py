@@ -276,11 +276,15 @@ class BuildResult:
     names: list[str]
 
 
-def build_go_binaries(force: bool = False, group: str = "control-plane") -> BuildResult | None:
+def build_go_binaries(
+    force: bool = False, group: str = "control-plane", gocache: Path | None = None
+) -> BuildResult | None:
     """Build one group (default: etcd + control plane). Returns None when the cache was already current.
 
     Two parallel jobs and GOMAXPROCS=2 match the 2-core machines this runs on; on bigger machines set
-    FTJOB_GO_BUILD_JOBS. The Go build cache (GOCACHE) makes a rebuild after a small change cheap.
+    FTJOB_GO_BUILD_JOBS. The Go build cache (GOCACHE) makes a rebuild after a small change cheap. `gocache`: a Go
+    build cache the caller shares between the groups it builds (a throwaway one otherwise, unless FTJOB_GO_CACHE or
+    GOCACHE names one).
     """
     build = go_builds()[group]
     with _locked("go-build" if group == "control-plane" else f"go-build-{group}"):
@@ -300,14 +304,14 @@ def build_go_binaries(force: bool = False, group: str = "control-plane") -> Buil
         # The compiled-package cache for this build is gigabytes (docs/cluster.md, "Build cost") and only pays off
         # when go.mod changes, which is rare: unless the caller names one (FTJOB_GO_CACHE or GOCACHE), use a
         # throwaway one.
-        keep_cache = os.environ.get("FTJOB_GO_CACHE") or os.environ.get("GOCACHE")
+        keep_cache = os.environ.get("FTJOB_GO_CACHE") or os.environ.get("GOCACHE") or gocache
         _log(f"building {', '.join(build.packages)} with {go} (first run only, see docs/cluster.md)")
         start = time.monotonic()
         with (
             tempfile.TemporaryDirectory(dir=out.parent, prefix=f".build-{group}-") as tmp,
             tempfile.TemporaryDirectory(dir=out.parent, prefix=f".gocache-{group}-") as tmp_cache,
         ):
-            env["GOCACHE"] = keep_cache or tmp_cache
+            env["GOCACHE"] = str(keep_cache or tmp_cache)
             cmd = [go, "build", "-p", jobs, "-trimpath", f"-ldflags={build.ldflags}", "-o", tmp + "/"]
             subprocess.run([*cmd, *build.packages.values()], cwd=build.module, env=env, check=True)
             # Packages build into files named after their last path element; ./cmd/etcd -> etcd.

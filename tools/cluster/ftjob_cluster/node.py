@@ -202,12 +202,19 @@ def _run(*cmd: str, check: bool = True, input: bytes | None = None) -> subproces
     return proc
 
 
-def unavailable_reason() -> str | None:
-    """Why a node cannot run here, or None: what this machine lacks, else busy_reason()."""
+def machine_reason() -> str | None:
+    """Why no node can ever run on this machine (what packages cannot fix), or None."""
     if os.geteuid() != 0:
         return "the node needs root (network interfaces, mounts, cgroups)"
     if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
         return "no memory cgroup hierarchy under /sys/fs/cgroup"
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why a node cannot run here, or None: what this machine lacks, else busy_reason()."""
+    if (reason := machine_reason()) is not None:
+        return reason
     for tool in ("containerd", "runc", "ctr", "iptables", "ip"):
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
             return f"{tool} is missing (hack/apt-install.sh --tier test-e2e installs it)"
