@@ -155,6 +155,22 @@ def kubectl(node_cluster: NodeCluster) -> Kubectl:
     return make_kubectl(bins.ensure_binary("kubectl"), node_cluster.kubeconfig)
 
 
+def delete_namespace(kubectl: Kubectl, name: str) -> None:
+    """Delete namespace `name`: its jobs, Deployments, pods and claims first, waited for, then the namespace itself,
+    not waited for.
+
+    The namespace controller, when a pass finds pods still terminating, comes back only after half their longest
+    grace period, plus a second (its ResourcesRemainingError estimate): a rank pod's is 120 s, so a job still training
+    at teardown kept its namespace for 61 s or more after the pods had saved and exited. Deleting the jobs (their
+    pods go with them) and the pods first, and waiting for them, is what frees the nodes for the next test; what is
+    left (API objects only, after the controller's own 5 s delay) goes while the next test runs. Each step tolerates
+    what the namespace lacks (one kind per call: kubectl refuses a whole list when one kind, the CRD's before the
+    operator is installed, is unknown)."""
+    for kind in ("finetunejobs", "deployments", "pods", "persistentvolumeclaims"):
+        kubectl("-n", name, "delete", kind, "--all", "--wait=true", "--timeout=150s", check=False, timeout=180)
+    kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
 def restricted_namespace(kubectl: Kubectl, name: str) -> None:
     """Namespace `name`, Pod Security restricted enforced, once its default ServiceAccount exists."""
     labels = {"name": name, "labels": RESTRICTED}
@@ -359,7 +375,7 @@ def job_namespace(
     try:
         yield name, host
     finally:
-        kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False, timeout=180)
+        delete_namespace(kubectl, name)
         for claim in ("results", "inputs"):
             kubectl("delete", "pv", f"{name}-{claim}", "--wait=false", check=False)
 

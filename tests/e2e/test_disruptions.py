@@ -315,6 +315,16 @@ def test_rank_0_silent_past_the_progress_deadline_is_hung_but_not_before_its_fir
     row.goal_held = row.detected_s <= deadline_s + 30
     row.goal_note = f"{row.detected_s:.0f} s"
     print(f"[ftjob-e2e] hang: detected {silent:.0f} s after the last progress the operator saw", flush=True)
+    # The blocked process ignores SIGTERM (the container's PID 1 has no handler): the job's end gives its pod the
+    # failed group's grace period, not its own 120 s, before the kubelet kills it and frees the node.
+    ended = time.monotonic()
+    wait_for(
+        lambda: not _pods(kubectl, ns),
+        timeout=c.FAILED_GROUP_GRACE_S + SLACK_S,
+        interval=1.0,
+        message=f"the hung pod gone within constants.FAILED_GROUP_GRACE_S ({c.FAILED_GROUP_GRACE_S} s) of the end",
+    )
+    print(f"[ftjob-e2e] hang: the pod was gone {time.monotonic() - ended:.0f} s after the job Failed", flush=True)
 
 
 def _last_logged_step(kubectl: Kubectl, ns: str, pod: str) -> int:

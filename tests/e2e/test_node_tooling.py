@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from cluster_support import Kubectl
-from conftest import NODE_MONITOR_GRACE_S, PULL_SECRET, NodeCluster, Release
+from conftest import NODE_MONITOR_GRACE_S, PULL_SECRET, NodeCluster, Release, delete_namespace
 
 from ftjob_cluster import bins, node
 from ftjob_cluster.localcluster import wait_for
@@ -69,7 +69,7 @@ def scratch_ns(kubectl: Kubectl) -> Iterator[str]:
     try:
         yield name
     finally:
-        kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False, timeout=180)
+        delete_namespace(kubectl, name)
 
 
 def _pinned(

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from cluster_support import Kubectl
-from conftest import OPERATOR_NS, PULL_SECRET, Release, restricted_namespace
+from conftest import OPERATOR_NS, PULL_SECRET, Release, delete_namespace, restricted_namespace
 
 from ftjob_cluster import node
 from ftjob_cluster.localcluster import wait_for
@@ -108,7 +108,7 @@ def pull_namespace(kubectl: Kubectl, release: Release) -> Iterator[str]:
     try:
         yield name
     finally:
-        kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False, timeout=180)
+        delete_namespace(kubectl, name)
 
 
 def test_the_operator_pod_pulled_its_released_image_by_digest_with_its_pull_secret(
