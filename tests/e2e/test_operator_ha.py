@@ -5,8 +5,10 @@ Lease's holderIdentity) is deleted twice, as life deletes one:
 - `kubectl delete pod` (what a drain, an eviction or a rolling update does: SIGTERM, and the leader releases the
   Lease as it stops);
 - then, once the Deployment's replacement pod stands by, the new leader with `--grace-period=0 --force` (the API
-  object gone at once; the kubelet still stops the container with SIGTERM and its minimum grace period, so this
-  leader releases the Lease too, and the takeover is as quick as the first one). A leader that dies holding the
+  object gone at once; the kubelet still stops the container with SIGTERM, but with its minimum grace period, 2 s:
+  the leader releases the Lease only if kopf has stopped by then, as it did in most runs; otherwise it is killed
+  holding the Lease, which then expires, and the takeover takes up to leaseDuration + a retry, 17 s once). A
+  leader that dies holding the
   Lease (SIGKILL, SIGSTOP) is the control-plane tier's (tests/controlplane/test_failover.py): here the kubelet
   would restart its container under the same pod name, which takes its own Lease back at once.
 Each time another replica must hold the Lease within a bound and make its first pass (its own /metrics, read from
@@ -202,8 +204,9 @@ def test_leader_pod_deleted_twice_mid_training_another_replica_takes_over_and_th
                 reliability.disruption(
                     "operator leader pod force-deleted (2 replicas)",
                     "`kubectl delete pod --grace-period=0 --force` of the new leader once the replacement stood by: "
-                    "the pod object gone at once, the kubelet stopping its container (SIGTERM, minimum grace: the "
-                    "Lease is released here too)",
+                    "the pod object gone at once, the kubelet stopping its container with SIGTERM and its minimum "
+                    "grace, 2 s (the leader releases the Lease if kopf has stopped by then; if not, the Lease "
+                    "expires)",
                 ),
                 ["--grace-period=0", "--force", "--wait=false"],
             ),
