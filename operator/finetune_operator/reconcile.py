@@ -47,8 +47,9 @@ class Plan:
     # has shown yet has no uid here and is deleted by the pass its watch event wakes.
     pod_uids: dict[str, str] = field(default_factory=dict)
     # name -> gracePeriodSeconds for the pods in delete_pods that do not get their own terminationGracePeriodSeconds:
-    # 0 (a force delete) on a lost node, whose kubelet can never confirm the pod's end; c.FAILED_GROUP_GRACE_S for
-    # the rest of a group that failed, which can save nothing (its collectives lost a member).
+    # 0 (a force delete) on a lost node, whose kubelet can never confirm the pod's end;
+    # constants.FAILED_GROUP_GRACE_S for the rest of a group that failed, which can save nothing (its collectives
+    # lost a member).
     grace: dict[str, int] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
@@ -646,7 +647,7 @@ def group_failure(p: Pass) -> Plan | None:
         return _restart(p, f, msg, grace=None if f["reason"] == "Deleted" else c.FAILED_GROUP_GRACE_S)
     # The container's own terminated.reason (set by the kubelet), not text from its message.
     reason = "OOMKilled" if f.get("reason") == "OOMKilled" else "BackoffLimitExceeded"
-    # As for a restart, what is left of a group that cannot save gets c.FAILED_GROUP_GRACE_S: a hung rank that
+    # As for a restart, what is left of a group that cannot save gets FAILED_GROUP_GRACE_S: a hung rank that
     # ignores SIGTERM would otherwise hold its node's devices for the whole grace period after the job Failed, and
     # Kueue has released the job's quota by then.
     grace = None if f["reason"] == "Deleted" else c.FAILED_GROUP_GRACE_S

@@ -302,8 +302,8 @@ def build_go_binaries(
             shutil.rmtree(stale, ignore_errors=True)
         env = {**os.environ, "GOFLAGS": "-mod=mod", "GOMAXPROCS": jobs, "CGO_ENABLED": "0"}
         # The compiled-package cache for this build is gigabytes (docs/cluster.md, "Build cost") and only pays off
-        # when go.mod changes, which is rare: unless the caller names one (FTJOB_GO_CACHE or GOCACHE), use a
-        # throwaway one.
+        # when go.mod changes, which is rare: unless the caller names one (FTJOB_GO_CACHE or GOCACHE, or `gocache`
+        # of a `build` that shares one between its groups), use a throwaway one.
         keep_cache = os.environ.get("FTJOB_GO_CACHE") or os.environ.get("GOCACHE") or gocache
         _log(f"building {', '.join(build.packages)} with {go} (first run only, see docs/cluster.md)")
         start = time.monotonic()
