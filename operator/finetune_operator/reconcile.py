@@ -637,20 +637,19 @@ def group_failure(p: Pass) -> Plan | None:
         return p.finish("Failed", "DrainRestartLimitExceeded", f"{text}\ndrainRestartLimit {limit} reached")
     limit = int(p.run_policy.get("backoffLimit", 3))
     counted = attempt - drains
+    # A deleted rank's SIGTERM makes the whole group save its step (as a drain's does): it keeps its own grace
+    # period. Any other failure left the group unable to save, so what is left of it gets FAILED_GROUP_GRACE_S,
+    # whether it restarts or the job ends: a hung rank that ignores SIGTERM would otherwise hold its node's devices
+    # for the whole grace period after the job Failed, when Kueue has released the job's quota.
+    grace = None if f["reason"] == "Deleted" else c.FAILED_GROUP_GRACE_S
     if counted < limit:
         msg = (
             f"{text}\nrestarting all ranks (restart {counted + 1} of at most {limit}), "
             "resuming from the newest checkpoint"
         )
-        # A deleted rank's SIGTERM makes the whole group save its step (as a drain's does); any other failure
-        # left the group unable to save.
-        return _restart(p, f, msg, grace=None if f["reason"] == "Deleted" else c.FAILED_GROUP_GRACE_S)
+        return _restart(p, f, msg, grace)
     # The container's own terminated.reason (set by the kubelet), not text from its message.
     reason = "OOMKilled" if f.get("reason") == "OOMKilled" else "BackoffLimitExceeded"
-    # As for a restart, what is left of a group that cannot save gets FAILED_GROUP_GRACE_S: a hung rank that
-    # ignores SIGTERM would otherwise hold its node's devices for the whole grace period after the job Failed, and
-    # Kueue has released the job's quota by then.
-    grace = None if f["reason"] == "Deleted" else c.FAILED_GROUP_GRACE_S
     return p.finish("Failed", reason, f"{text}\nbackoffLimit {limit} reached", grace)
 
 
