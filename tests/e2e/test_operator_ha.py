@@ -8,9 +8,9 @@ Lease's holderIdentity) is deleted twice, as life deletes one:
   object gone at once; the kubelet still stops the container with SIGTERM, but with its minimum grace period, 2 s:
   the leader releases the Lease only if kopf has stopped by then, as it did in most runs; otherwise it is killed
   holding the Lease, which then expires, and the takeover takes up to leaseDuration + a retry, 17 s once). A
-  leader that dies holding the
-  Lease (SIGKILL, SIGSTOP) is the control-plane tier's (tests/controlplane/test_failover.py): here the kubelet
-  would restart its container under the same pod name, which takes its own Lease back at once.
+  leader that dies holding the Lease at any moment (SIGKILL, SIGSTOP) is the control-plane tier's
+  (tests/controlplane/test_failover.py): here the kubelet would restart its container under the same pod name,
+  which takes its own Lease back at once.
 Each time another replica must hold the Lease within a bound and make its first pass (its own /metrics, read from
 its pod IP): the standby, or the Deployment's replacement for the deleted pod where that one starts first (a
 released Lease goes to whichever replica reads it next, as with client-go; a replacement whose image is on its node
